@@ -1,0 +1,52 @@
+"""Runtime configuration: the single home of the decoder's defaults (paper section 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Grafting(StrEnum):
+    """How new children meet existing ones."""
+
+    NON_DESTRUCTIVE = "non_destructive"  # same token merges, nothing is removed
+    OVERWRITE = "overwrite"  # ablation: a re-expanded node loses its old children
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """Tree construction and verification budget. Defaults are the paper's."""
+
+    depth: int = 5  # D drafting steps per round
+    width: int = 10  # W frontier nodes per step
+    topk: int = 10  # m children per expanded node
+    budget: int = 63  # B_ver verified nodes besides the root
+    extended_grafting: bool = True
+    grafting: Grafting = Grafting.NON_DESTRUCTIVE
+    ngram_max_n: int = 5
+    ngram_max_matches: int = 8  # most recent occurrences consulted per lookup
+    ngram_chain_len: int = 4  # tokens per proposed continuation chain
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "width", "topk", "budget", "ngram_max_n", "ngram_max_matches"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TreeConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.ngram_chain_len <= 0:
+            raise ValueError(f"TreeConfig.ngram_chain_len must be positive, got {self.ngram_chain_len}")
+        object.__setattr__(self, "grafting", Grafting(self.grafting))
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One generation call: budget, sampling and the tree settings."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    tree: TreeConfig = TreeConfig()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")

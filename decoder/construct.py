@@ -1,0 +1,147 @@
+"""One round of tree construction: D steps, each small (n-gram) or mid, with the paper's rules.
+
+- Small step: pool = newest nodes N_k with their stored scores; frontier = top-W; each frontier node
+  gets up to m n-gram continuation chains.
+- Mid step: the mid drafter re-scores the tree; pool = every live node it has not visited yet
+  (extended grafting) or N_k (ablation), ranked by the fresh scores; frontier = top-W; each gets the
+  mid's top-m children; with extended grafting P_{k+1} = P_k U pool.
+- Grafting: non-destructive (same token merges, nothing removed) or overwrite (ablation: a
+  re-expanded node loses its old children first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from decoder.config import Grafting, TreeConfig
+from decoder.mid import MidDrafter
+from decoder.ngram import NgramDrafter
+from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext
+from decoder.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one drafting step did."""
+
+    used_mid: bool
+    pool_size: int
+    frontier_size: int
+    historical_picks: int  # frontier nodes not created by the previous step
+    created: int
+    mid_catch_up: int  # committed tokens the mid forwarded to catch up
+    mid_tree_tokens: int  # tree nodes the mid forwarded
+
+
+def top_w(tree: DraftTree, pool: list[int], width: int) -> list[int]:
+    """Best `width` nodes of the pool by path score, ties shallower first, then older first."""
+    return sorted(pool, key=lambda v: (-tree.scores[v], tree.depths[v], v))[:width]
+
+
+@dataclass
+class RoundBuilder:
+    """Grows one tree per round; timings go into `times` (seconds, keys ngram/mid/scheduler)."""
+
+    config: TreeConfig
+    ngram: NgramDrafter
+    mid: MidDrafter | None
+    clock: Callable[[], float]
+
+    def build(
+        self,
+        committed: list[int],
+        scheduler: Scheduler,
+        times: dict[str, float],
+        runtime: RuntimeContext | None = None,
+    ) -> tuple[DraftTree, list[StepRecord]]:
+        state = BuildState(tree=DraftTree(committed[-1]))
+        history: list[bool] = []
+        records = []
+        for k in range(1, self.config.depth + 1):
+            t0 = self.clock()
+            use_mid = bool(scheduler(StepContext(k, self.config.depth, tuple(history), state, runtime)))
+            t1 = self.clock()
+            times["scheduler"] += t1 - t0
+            if use_mid:
+                if self.mid is None:
+                    raise ValueError("the schedule calls the mid drafter but the pair has none")
+                rec = self._mid_step(state, committed, k)
+                times["mid"] += self.clock() - t1
+            else:
+                rec = self._small_step(state, committed, k)
+                times["ngram"] += self.clock() - t1
+            history.append(use_mid)
+            records.append(rec)
+        return state.tree, records
+
+    def _graft(self, state: BuildState, parent: int, chains: list[tuple], step: int) -> list[int]:
+        """Attach token chains under parent; return the nodes that did not exist before."""
+        tree = state.tree
+        if not tree.alive[parent]:  # overwrite mode: an ancestor in the same frontier replaced it
+            return []
+        if self.config.grafting is Grafting.OVERWRITE and chains:
+            tree.remove_children(parent)
+        created = []
+        for tokens, logps in chains:
+            u = parent
+            for tok, lp in zip(tokens, logps, strict=True):
+                u, is_new = tree.add_child(u, tok, lp, step)
+                if is_new:
+                    created.append(u)
+        return created
+
+    def _small_step(self, state: BuildState, committed: list[int], k: int) -> StepRecord:
+        tree = state.tree
+        cfg = self.config
+        pool = [v for v in state.newest if tree.alive[v]]
+        frontier = top_w(tree, pool, cfg.width)
+        tail = committed[-cfg.ngram_max_n :]
+        created: list[int] = []
+        for v in frontier:
+            suffix = (tail + tree.path_tokens(v))[-cfg.ngram_max_n :]
+            chains = [(c.tokens, c.logps) for c in self.ngram.propose(suffix, cfg.topk)]
+            created += self._graft(state, v, chains, k)
+        return self._advance(state, pool, frontier, created, used_mid=False)
+
+    def _mid_step(self, state: BuildState, committed: list[int], k: int) -> StepRecord:
+        assert self.mid is not None
+        tree = state.tree
+        cfg = self.config
+        call = self.mid.rescore(tree, committed)
+        if cfg.extended_grafting:
+            pool = [v for v in tree.live_nodes() if v not in state.visited]
+        else:
+            pool = [v for v in state.newest if tree.alive[v]]
+        frontier = top_w(tree, pool, cfg.width)
+        ids, lps = self.mid.top_children(frontier, cfg.topk)
+        created: list[int] = []
+        for v, toks, vals in zip(frontier, ids, lps, strict=True):
+            created += self._graft(state, v, [((t,), (lp,)) for t, lp in zip(toks, vals, strict=True)], k)
+        if cfg.extended_grafting:
+            state.visited.update(pool)
+        return self._advance(state, pool, frontier, created, True, call.n_catch_up, call.n_tree_nodes)
+
+    @staticmethod
+    def _advance(
+        state: BuildState,
+        pool: list[int],
+        frontier: list[int],
+        created: list[int],
+        used_mid: bool,
+        catch_up: int = 0,
+        tree_tokens: int = 0,
+    ) -> StepRecord:
+        newest = set(state.newest)
+        record = StepRecord(
+            used_mid=used_mid,
+            pool_size=len(pool),
+            frontier_size=len(frontier),
+            historical_picks=sum(v not in newest for v in frontier),
+            created=len(created),
+            mid_catch_up=catch_up,
+            mid_tree_tokens=tree_tokens,
+        )
+        state.frontier = frontier
+        state.newest = created
+        return record

@@ -1,0 +1,119 @@
+"""Side-by-side measurement of decoding policies with identical warm-up and instrumentation.
+
+Every policy decodes the same prompts in an interleaved order (prompt-major, so slow drift of a
+noisy machine hits all methods alike) after the same warm-up; speedups are ratios of tokens/s
+measured in this one run. Greedy outputs are checked token-identical to autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from decoder.config import DecodeConfig
+from decoder.generate import GenerationResult, generate
+from decoder.models import ModelPair
+from decoder.policies import AR, RuntimeContext, StepContext
+
+Policy = str | Callable[[StepContext], bool]
+
+
+@dataclass(frozen=True)
+class PolicyMeasurement:
+    """One policy over a prompt set."""
+
+    name: str
+    n_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    speedup_vs_ar: float
+    mean_accepted_length: float
+    mid_call_rate: float  # share of drafting steps that called the mid drafter
+    component_s: dict[str, float] = field(default_factory=dict)
+    lossless: bool = True
+
+
+def policy_name(policy: Policy) -> str:
+    return policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+
+
+def runtime_context(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> RuntimeContext:
+    """Median target-verify and mid-call times (ms) from a short all-mid warm-up decode."""
+    depth = config.tree.depth
+    res = generate(pair, prompt, "all-mid" if pair.mid is not None else "all-small", config)
+    verify = [r.times["verify"] for r in res.rounds] or [0.0]
+    mid = [r.times["mid"] / depth for r in res.rounds if pair.mid is not None] or [0.0]
+    return RuntimeContext(len(prompt), 1e3 * statistics.median(verify), 1e3 * statistics.median(mid))
+
+
+def _summarise(
+    name: str, results: list[GenerationResult], ar_tps: float, lossless: bool
+) -> PolicyMeasurement:
+    n_tokens = sum(len(r.new_tokens) for r in results)
+    wall = sum(r.wall_s for r in results)
+    rounds = [rd for r in results for rd in r.rounds]
+    steps = [s for rd in rounds for s in rd.steps]
+    comp: dict[str, float] = {}
+    for r in results:
+        for k, v in r.component_times().items():
+            comp[k] = comp.get(k, 0.0) + v
+    tps = n_tokens / wall if wall > 0 else 0.0
+    return PolicyMeasurement(
+        name=name,
+        n_tokens=n_tokens,
+        wall_s=wall,
+        tokens_per_s=tps,
+        speedup_vs_ar=tps / ar_tps if ar_tps > 0 else float("nan"),
+        mean_accepted_length=(sum(rd.accepted for rd in rounds) / len(rounds)) if rounds else 0.0,
+        mid_call_rate=(sum(s.used_mid for s in steps) / len(steps)) if steps else 0.0,
+        component_s=comp,
+        lossless=lossless,
+    )
+
+
+def measure_policies(
+    pair: ModelPair,
+    prompts: Sequence[list[int]],
+    policies: Sequence[Policy] = (AR, "all-small", "all-mid"),
+    config: DecodeConfig | None = None,
+    warmup_tokens: int = 16,
+    runtime: RuntimeContext | None = None,
+) -> dict[str, PolicyMeasurement]:
+    """Decode every prompt with every policy (AR always included); return per-policy measurements."""
+    config = config or DecodeConfig()
+    policies = [AR, *[p for p in policies if p != AR]]
+    names = [policy_name(p) for p in policies]
+    warm = DecodeConfig(
+        min(warmup_tokens, config.max_new_tokens), config.temperature, config.seed, config.tree
+    )
+    for policy in policies:
+        generate(pair, prompts[0], policy, warm, runtime)
+    results: dict[str, list[GenerationResult]] = {n: [] for n in names}
+    lossless = dict.fromkeys(names, True)
+    for prompt in prompts:
+        ref = None
+        for name, policy in zip(names, policies, strict=True):
+            res = generate(pair, prompt, policy, config, runtime)
+            results[name].append(res)
+            if ref is None:
+                ref = res.new_tokens
+            elif config.temperature == 0 and res.new_tokens != ref:
+                lossless[name] = False
+    ar = results[AR]
+    ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
+    return {n: _summarise(n, results[n], ar_tps, lossless[n]) for n in names}
+
+
+def format_table(rows: dict[str, PolicyMeasurement]) -> str:
+    """A plain-text table: one line per policy."""
+    head = (
+        f"{'policy':<12} {'tokens':>7} {'tok/s':>8} {'speedup':>8} {'A':>6} {'mid/step':>8} {'lossless':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for m in rows.values():
+        lines.append(
+            f"{m.name:<12} {m.n_tokens:>7d} {m.tokens_per_s:>8.1f} {m.speedup_vs_ar:>7.2f}x "
+            f"{m.mean_accepted_length:>6.2f} {m.mid_call_rate:>8.2f} {'yes' if m.lossless else 'NO':>8}"
+        )
+    return "\n".join(lines)

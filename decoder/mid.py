@@ -1,0 +1,124 @@
+"""The mid drafter: any stock HF causal LM sharing the target's tokenizer.
+
+Contract:
+- Its KV cache holds a prefix of the committed context. It catches up lazily: the first call of a
+  round feeds the missing committed tokens (except the root) together with the tree.
+- One call (`rescore`) is one forward over the tree nodes it has not seen this round, with an
+  ancestor mask and explicit position_ids, on top of the cached context and the tree nodes it fed
+  earlier in the round (their KV is reused). Afterwards every live node's edge log-prob is the
+  mid drafter's own, and path scores are refreshed.
+- `end_round` keeps the KV of the committed part of the tree (root + accepted path) and drops the
+  rest, so the next round only catches up on what it never saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from decoder.tensors import QueryBlock, compact_cache, crop_cache, forward_block
+from decoder.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class MidCall:
+    """What one mid-drafter call forwarded."""
+
+    n_catch_up: int
+    n_tree_nodes: int
+
+
+class MidDrafter:
+    """Re-scores a draft tree and proposes top-m children with a neural LM."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.cache = DynamicCache()
+        self.n_committed = 0  # committed tokens in the cache
+        self._reset_round()
+
+    def _reset_round(self) -> None:
+        self.fed: list[int] = []  # tree nodes in cache order, after the committed prefix
+        self.row: dict[int, int] = {}  # node -> row of self.logp
+        self.logp: torch.Tensor | None = None  # [n_fed, V] log-probs of the next token
+
+    def reset(self) -> None:
+        self.cache = DynamicCache()
+        self.n_committed = 0
+        self._reset_round()
+
+    def rescore(self, tree: DraftTree, committed: list[int]) -> MidCall:
+        """Forward unseen live nodes; set every live node's edge log-prob to the mid's."""
+        prefix = len(committed) - 1  # the root (last committed token) is tree node 0
+        if self.n_committed > prefix:
+            raise RuntimeError("mid cache holds more committed tokens than exist")
+        catch_up = committed[self.n_committed : prefix] if not self.fed else []
+        new = [v for v in tree.live_nodes() if v not in self.row]
+        if new or catch_up:
+            self._forward(tree, catch_up, new)
+        self._apply_edges(tree)
+        return MidCall(n_catch_up=len(catch_up), n_tree_nodes=len(new))
+
+    def _forward(self, tree: DraftTree, catch_up: list[int], new: list[int]) -> None:
+        anc = tree.ancestor_mask()
+        c, f, n = len(catch_up), len(self.fed), len(new)
+        visible = np.zeros((c + n, c + f + n), dtype=bool)
+        visible[:c, :c] = np.tril(np.ones((c, c), dtype=bool))
+        visible[c:, :c] = True
+        visible[c:, c:] = anc[np.ix_(new, self.fed + new)]
+        positions = np.concatenate(
+            [
+                np.arange(self.n_committed, self.n_committed + c, dtype=np.int64),
+                self.n_committed + c + np.asarray([tree.depths[v] for v in new], dtype=np.int64),
+            ]
+        )
+        block = QueryBlock(
+            tokens=list(catch_up) + [tree.tokens[v] for v in new],
+            positions=positions,
+            visible=visible,
+            prefix_len=self.n_committed,
+        )
+        logits = forward_block(self.model, self.cache, block)[c:, : self.vocab_size]
+        logp = torch.log_softmax(logits, dim=-1)
+        self.n_committed += c
+        base = 0 if self.logp is None else self.logp.shape[0]
+        self.logp = logp if self.logp is None else torch.cat([self.logp, logp])
+        for i, v in enumerate(new):
+            self.row[v] = base + i
+        self.fed.extend(new)
+
+    def _apply_edges(self, tree: DraftTree) -> None:
+        nodes = [v for v in tree.live_nodes() if v != 0]
+        if not nodes or self.logp is None:
+            return
+        rows = torch.tensor([self.row[tree.parents[v]] for v in nodes])
+        cols = torch.tensor([tree.tokens[v] for v in nodes])
+        values = self.logp[rows.to(self.logp.device), cols.to(self.logp.device)].tolist()
+        tree.set_edge_logps(nodes, values)
+
+    def top_children(self, nodes: list[int], m: int) -> tuple[list[list[int]], list[list[float]]]:
+        """Top-m next tokens and their log-probs after each node (nodes must have been scored)."""
+        if not nodes:
+            return [], []
+        assert self.logp is not None
+        rows = torch.tensor([self.row[v] for v in nodes], device=self.logp.device)
+        vals, ids = torch.topk(self.logp[rows], k=min(m, self.logp.shape[1]), dim=-1)
+        return ids.tolist(), vals.tolist()
+
+    def end_round(self, accepted: list[int]) -> None:
+        """Keep the KV of the root and the fed part of the accepted path; drop the rest."""
+        keep: list[int] = []
+        for v in [0, *accepted]:
+            if v not in self.row:
+                break
+            keep.append(self.n_committed + self.fed.index(v))
+        if keep:
+            compact_cache(self.cache, self.n_committed, keep)
+        else:
+            crop_cache(self.cache, self.n_committed)
+        self.n_committed += len(keep)
+        self._reset_round()

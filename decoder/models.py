@@ -1,0 +1,125 @@
+"""Loading a target/mid pair of stock HF causal LMs by local path, and checking they fit together.
+
+Contract: both models must speak the same token ids. With tokenizers at hand we compare the full
+vocabularies (token -> id) and the special-token ids; without them (tests on random models) we
+only compare embedding sizes. Per-model differences stay data: EOS ids come from the checkpoint's
+generation config or tokenizer, never from code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class TokenizerMismatchError(ValueError):
+    """The target and mid drafter do not share one tokenizer."""
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    """A target, an optional mid drafter, and what generation needs to know about them."""
+
+    target: PreTrainedModel
+    mid: PreTrainedModel | None
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int  # ids the drafters may propose (the shared tokenizer's size)
+    tokenizer: object | None = None
+
+    @property
+    def context_len(self) -> int:
+        return int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+
+
+def eos_ids_of(model: PreTrainedModel, tokenizer: object | None) -> tuple[int, ...]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, list | tuple) else [eos]))
+
+
+def check_tokenizers_match(target_tok: object, mid_tok: object) -> None:
+    """Raise TokenizerMismatchError unless both tokenizers map every token to the same id."""
+    a, b = target_tok.get_vocab(), mid_tok.get_vocab()
+    if a != b:
+        only_a = len(set(a.items()) - set(b.items()))
+        only_b = len(set(b.items()) - set(a.items()))
+        raise TokenizerMismatchError(
+            f"target and mid tokenizers differ: {len(a)} vs {len(b)} tokens, "
+            f"{only_a} (token, id) pairs only in the target's, {only_b} only in the mid's"
+        )
+    for attr in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        x, y = getattr(target_tok, attr, None), getattr(mid_tok, attr, None)
+        if x != y:
+            raise TokenizerMismatchError(f"{attr} differs: target {x}, mid {y}")
+
+
+def check_supported(model: PreTrainedModel, name: str) -> None:
+    """Tree masks need full attention in every layer; refuse sliding-window layers."""
+    cfg = model.config
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in layer_types:
+        raise ValueError(f"{name}: sliding-window attention is not supported by tree verification")
+
+
+def make_pair(
+    target: PreTrainedModel,
+    mid: PreTrainedModel | None = None,
+    tokenizer: object | None = None,
+    mid_tokenizer: object | None = None,
+    eos_token_ids: tuple[int, ...] | None = None,
+) -> ModelPair:
+    """Validate and bundle already-loaded models."""
+    check_supported(target, "target")
+    vocab = target.get_input_embeddings().num_embeddings
+    if tokenizer is not None:
+        vocab = min(vocab, len(tokenizer))
+    if mid is not None:
+        check_supported(mid, "mid")
+        if tokenizer is not None and mid_tokenizer is not None:
+            check_tokenizers_match(tokenizer, mid_tokenizer)
+        mid_vocab = mid.get_input_embeddings().num_embeddings
+        if tokenizer is None and mid_vocab != target.get_input_embeddings().num_embeddings:
+            raise TokenizerMismatchError(
+                f"embedding sizes differ (target {vocab}, mid {mid_vocab}) and no tokenizers given"
+            )
+        vocab = min(vocab, mid_vocab)
+    eos = eos_token_ids if eos_token_ids is not None else eos_ids_of(target, tokenizer)
+    return ModelPair(target.eval(), None if mid is None else mid.eval(), eos, vocab, tokenizer)
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    """A stock transformers model from a local folder; never reaches for a hub."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a model folder (no config.json)")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
+    return model.to(device).eval()
+
+
+def load_pair(
+    target_path: str | Path,
+    mid_path: str | Path | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> ModelPair:
+    """Load target (+ mid) and their tokenizers from local folders and check they match."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    target = load_causal_lm(target_path, dtype, device)
+    tok = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
+    mid = mid_tok = None
+    if mid_path is not None:
+        mid = load_causal_lm(mid_path, dtype, device)
+        mid_tok = AutoTokenizer.from_pretrained(mid_path, local_files_only=True)
+    return make_pair(target, mid, tok, mid_tok)

@@ -1,0 +1,132 @@
+"""The small drafter: training-free n-gram lookup over the committed context.
+
+Contract (token ids only, no torch):
+- `NgramIndex` maps every n-gram (n = 1..max_n) of the committed text to the positions where it
+  ends. It is extended incrementally with accepted tokens, never rebuilt.
+- `TargetLogpCache` holds, for committed position i, the target's top-m next-token log-probs
+  (filled at prefill, refreshed at accepted positions after each verification).
+- `NgramDrafter.propose(suffix)` matches the longest suffix (n <= max_n) of context + draft path and
+  returns up to `max_matches` distinct continuations, most recent occurrence first, each a chain of
+  up to `chain_len` tokens copied from the context.
+
+Edge scores: a continuation token t copied from committed position j gets the target's cached
+log-prob of t after position j - 1. When t is outside that cached top-m, it gets the m-th best cached
+log-prob (the tightest known upper bound). So every proposed node has a finite score, generated
+text is scored by real target log-probs (not 0), and the scale matches the mid drafter's log-probs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class NgramIndex:
+    """Positions where each n-gram ends, kept up to date as tokens are appended."""
+
+    def __init__(self, max_n: int = 5) -> None:
+        self.max_n = max_n
+        self.tokens: list[int] = []
+        self.table: dict[tuple[int, ...], list[int]] = {}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        toks = self.tokens
+        table = self.table
+        for t in tokens:
+            toks.append(int(t))
+            end = len(toks) - 1
+            for n in range(1, min(self.max_n, end + 1) + 1):
+                key = tuple(toks[end - n + 1 : end + 1])
+                hits = table.get(key)
+                if hits is None:
+                    table[key] = [end]
+                else:
+                    hits.append(end)
+
+    def longest_match(self, suffix: Sequence[int]) -> list[int]:
+        """End positions (ascending) of the longest n-gram of `suffix`'s tail that has a successor."""
+        last = len(self.tokens) - 1
+        for n in range(min(self.max_n, len(suffix)), 0, -1):
+            hits = self.table.get(tuple(suffix[-n:]))
+            if hits and (hits[0] < last):
+                return hits
+        return []
+
+
+class TargetLogpCache:
+    """Target top-m next-token log-probs per committed position, with a per-position floor."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[int, float] | None] = []
+        self.floors: list[float] = []
+
+    def set_rows(self, start: int, token_rows: list[list[int]], logp_rows: list[list[float]]) -> None:
+        """Store rows for positions start, start+1, ...; earlier positions must already exist."""
+        need = start + len(token_rows)
+        if len(self.entries) < need:
+            self.entries.extend([None] * (need - len(self.entries)))
+            self.floors.extend([0.0] * (need - len(self.floors)))
+        for i, (toks, lps) in enumerate(zip(token_rows, logp_rows, strict=True)):
+            self.entries[start + i] = dict(zip(toks, lps, strict=True))
+            self.floors[start + i] = min(lps)
+
+    def truncate(self, length: int) -> None:
+        del self.entries[length:]
+        del self.floors[length:]
+
+    def logp(self, position: int, token: int) -> float:
+        entry = self.entries[position]
+        if entry is None:
+            raise KeyError(f"no target log-probs cached for position {position}")
+        return entry.get(token, self.floors[position])
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A proposed continuation: tokens in order and the edge log-prob of each."""
+
+    tokens: tuple[int, ...]
+    logps: tuple[float, ...]
+
+
+class NgramDrafter:
+    """Proposes continuation chains for a draft path from the committed context."""
+
+    def __init__(self, max_n: int = 5, max_matches: int = 8, chain_len: int = 4) -> None:
+        self.index = NgramIndex(max_n)
+        self.cache = TargetLogpCache()
+        self.max_matches = max_matches
+        self.chain_len = chain_len
+
+    @property
+    def max_n(self) -> int:
+        return self.index.max_n
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.index.extend(tokens)
+
+    def propose(self, suffix: Sequence[int], limit: int) -> list[Chain]:
+        """At most `limit` chains with distinct first tokens, best first-token score first."""
+        hits = self.index.longest_match(suffix)
+        if not hits:
+            return []
+        toks = self.index.tokens
+        cache = self.cache
+        last = len(toks) - 1
+        seen: set[int] = set()
+        chains: list[Chain] = []
+        for end in reversed(hits):
+            if end >= last:
+                continue
+            first = toks[end + 1]
+            if first in seen:
+                continue
+            seen.add(first)
+            stop = min(end + 1 + self.chain_len, last + 1)
+            chain = tuple(toks[end + 1 : stop])
+            logps = tuple(cache.logp(j - 1, toks[j]) for j in range(end + 1, stop))
+            chains.append(Chain(chain, logps))
+            if len(chains) >= self.max_matches:
+                break
+        chains.sort(key=lambda c: -c.logps[0])
+        return chains[:limit]

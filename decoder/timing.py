@@ -1,0 +1,25 @@
+"""One clock for every method, so timings are comparable: it syncs the accelerator before reading."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+COMPONENTS = ("ngram", "mid", "scheduler", "tree", "verify")
+
+
+def make_clock(device: torch.device) -> Callable[[], float]:
+    if device.type == "cuda":
+
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return clock
+    return time.perf_counter
+
+
+def zero_times() -> dict[str, float]:
+    return dict.fromkeys(COMPONENTS, 0.0)

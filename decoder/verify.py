@@ -1,0 +1,86 @@
+"""Target-side work: prefill, one tree-verification forward per round, KV compaction.
+
+Contract: the target's cache always holds the committed context except its last token (the root
+of the next tree). `verify` runs the root and the pruned tree in one forward with a 4D ancestor
+mask, picks the accepted path (greedy, or lossless rejection sampling at temperature > 0), keeps
+the KV of the root and the accepted path only, and hands back the target's top-m log-probs at
+those positions so the n-gram drafter's score cache stays fresh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from decoder.sampling import sample_walk
+from decoder.tensors import QueryBlock, causal_block, compact_cache, forward_block
+from decoder.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class TopLogps:
+    """Top-m next-token log-probs for consecutive committed positions starting at `start`."""
+
+    start: int
+    tokens: list[list[int]]
+    logps: list[list[float]]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one verification: accepted nodes of the verified tree, bonus token, fresh scores."""
+
+    accepted: list[int]
+    bonus: int
+    top: TopLogps
+
+
+def top_logps(logits: torch.Tensor, m: int, start: int) -> TopLogps:
+    vals, ids = torch.topk(torch.log_softmax(logits, dim=-1), k=min(m, logits.shape[-1]), dim=-1)
+    return TopLogps(start=start, tokens=ids.tolist(), logps=vals.tolist())
+
+
+class TargetVerifier:
+    """Owns the target model's KV cache for one generation."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, topk: int) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.topk = topk
+        self.cache = DynamicCache()
+
+    @property
+    def n_cached(self) -> int:
+        return self.cache.get_seq_length()
+
+    def prefill(self, prompt: list[int]) -> TopLogps:
+        """Cache all prompt tokens but the last; return top-m log-probs for positions 0..L-2."""
+        body = prompt[:-1]
+        if not body:
+            return TopLogps(start=0, tokens=[], logps=[])
+        logits = forward_block(self.model, self.cache, causal_block(body, 0, 0))
+        return top_logps(logits[:, : self.vocab_size], self.topk, 0)
+
+    def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict:
+        """One forward over root + tree; accept, compact the cache, return the verdict."""
+        prefix = self.n_cached
+        block = QueryBlock(
+            tokens=list(tree.tokens),
+            positions=tree.positions(prefix),
+            visible=tree.ancestor_mask(),
+            prefix_len=prefix,
+        )
+        logits = forward_block(self.model, self.cache, block)[:, : self.vocab_size]
+        if temperature == 0:
+            accepted = tree.greedy_accept(logits.argmax(dim=-1).tolist())
+            last = accepted[-1] if accepted else 0
+            bonus = int(logits[last].argmax())
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            accepted, bonus = sample_walk(tree, lambda v: probs[v].cpu().numpy(), rng)
+        rows = [0, *accepted]
+        compact_cache(self.cache, prefix, [prefix + r for r in rows])
+        return Verdict(accepted=accepted, bonus=bonus, top=top_logps(logits[rows], self.topk, prefix))

@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny randomly initialised stock Qwen3 and Llama models, built from configs."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def tiny_config(arch: str, vocab: int = 96, layers: int = 2, hidden: int = 64):
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
+    if arch == "qwen3":
+        return Qwen3Config(head_dim=hidden // 4, **common)
+    return LlamaConfig(**common)
+
+
+def tiny_model(arch: str, seed: int, logit_scale: float = 4.0, **kw) -> torch.nn.Module:
+    """A random model whose next-token distributions are peaked enough to make greedy choices clear."""
+    torch.manual_seed(seed)
+    cls = Qwen3ForCausalLM if arch == "qwen3" else LlamaForCausalLM
+    model = cls(tiny_config(arch, **kw))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model.eval()
+
+
+def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:
+    """A mid drafter that tracks the target: same weights plus Gaussian noise."""
+    torch.manual_seed(seed)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(noise * p.std() * torch.randn_like(p))
+    return twin.eval()
+
+
+@pytest.fixture(scope="session", params=["qwen3", "llama"])
+def arch(request) -> str:
+    return request.param

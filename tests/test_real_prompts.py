@@ -1,0 +1,71 @@
+"""Real benchmark prompts (../shared/data), a tokenizer trained here, models loaded from disk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import SHARED, noisy_copy, tiny_model
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from decoder.config import DecodeConfig
+from decoder.generate import generate
+from decoder.models import TokenizerMismatchError, load_pair
+
+BENCH = SHARED / "data" / "eagle-bench"
+pytestmark = pytest.mark.skipif(not BENCH.is_dir(), reason="../shared/data is not available")
+
+
+def questions(limit_per_bench: int) -> list[str]:
+    out = []
+    for bench in sorted(p for p in BENCH.iterdir() if p.is_dir()):
+        with open(bench / "question.jsonl") as f:
+            for line in list(f)[:limit_per_bench]:
+                out.append(json.loads(line)["turns"][0])
+    return out
+
+
+def train_tokenizer(texts: list[str], vocab: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<eos>"], show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    tok = train_tokenizer(questions(80), vocab=400)
+    target = tiny_model("qwen3", seed=21, vocab=len(tok))
+    mid = noisy_copy(target, 0.3, seed=22)
+    for name, model in (("target", target), ("mid", mid)):
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root
+
+
+def test_real_prompts_lossless_after_loading_from_disk(saved_pair):
+    pair = load_pair(saved_pair / "target", saved_pair / "mid")
+    assert pair.eos_token_ids == (pair.tokenizer.eos_token_id,)
+    assert (saved_pair / "target" / "model.safetensors").is_file()
+    for text in questions(2):
+        ids = pair.tokenizer(text)["input_ids"][:200]
+        ref = pair.target.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=32, pad_token_id=pair.eos_token_ids[0]
+        )[0, len(ids) :].tolist()
+        for policy in ["ar", "all-small", "all-mid", "10101"]:
+            assert generate(pair, ids, policy, DecodeConfig(max_new_tokens=32)).new_tokens == ref
+
+
+def test_mismatched_tokenizers_are_refused(saved_pair, tmp_path):
+    other = train_tokenizer(questions(10), vocab=300)
+    model = tiny_model("qwen3", seed=23, vocab=len(other))
+    model.save_pretrained(tmp_path / "mid")
+    other.save_pretrained(tmp_path / "mid")
+    with pytest.raises(TokenizerMismatchError, match="tokenizers differ"):
+        load_pair(saved_pair / "target", tmp_path / "mid")

@@ -1,0 +1,89 @@
+"""Tree verification on stock HF models: logits equal per-path sequential logits; cache compaction."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import noisy_copy, tiny_model
+from transformers import DynamicCache
+
+from decoder.mid import MidDrafter
+from decoder.tensors import QueryBlock, causal_block, forward_block
+from decoder.tree import DraftTree
+from decoder.verify import TargetVerifier
+
+
+def random_tree(root: int, vocab: int, n: int, seed: int) -> DraftTree:
+    rng = random.Random(seed)
+    tree = DraftTree(root)
+    while len(tree) < n:
+        tree.add_child(rng.randrange(len(tree)), rng.randrange(vocab), -rng.random())
+    return tree
+
+
+def sequential_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_tree_logits_equal_sequential_path_logits(arch):
+    model = tiny_model(arch, seed=3)
+    prompt = [random.Random(1).randrange(1, 96) for _ in range(30)]
+    tree = random_tree(prompt[-1], 96, 40, seed=2)
+    cache = DynamicCache()
+    forward_block(model, cache, causal_block(prompt[:-1], 0, 0))
+    block = QueryBlock(
+        list(tree.tokens), tree.positions(len(prompt) - 1), tree.ancestor_mask(), len(prompt) - 1
+    )
+    logits = forward_block(model, cache, block)
+    for v in range(len(tree)):
+        expect = sequential_logits(model, prompt + tree.path_tokens(v))
+        torch.testing.assert_close(logits[v], expect, atol=1e-4, rtol=1e-4)
+
+
+def test_compaction_leaves_the_cache_of_the_committed_text():
+    model = tiny_model("llama", seed=4)
+    prompt = list(range(1, 21))
+    verifier = TargetVerifier(model, 96, topk=4)
+    verifier.prefill(prompt)
+    tree = random_tree(prompt[-1], 96, 30, seed=5)
+    # Graft the target's own greedy chain so that several tokens get accepted.
+    v = 0
+    for _ in range(3):
+        v, _ = tree.add_child(v, int(sequential_logits(model, prompt + tree.path_tokens(v)).argmax()), -0.01)
+    verdict = verifier.verify(tree, 0.0, np.random.default_rng(0))
+    assert len(verdict.accepted) >= 3
+    committed = prompt + [tree.tokens[a] for a in verdict.accepted]
+    assert verifier.n_cached == len(committed) - 1 + 1  # root + accepted path kept, bonus not yet
+    fresh = DynamicCache()
+    forward_block(model, fresh, causal_block(committed, 0, 0))
+    for old, new in zip(verifier.cache.layers, fresh.layers, strict=True):
+        torch.testing.assert_close(old.keys, new.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(old.values, new.values, atol=1e-5, rtol=1e-4)
+
+
+def test_mid_rescoring_matches_sequential_and_reuses_tree_kv():
+    target = tiny_model("qwen3", seed=6)
+    mid = noisy_copy(target, 0.2, seed=7)
+    prompt = list(range(3, 40))
+    drafter = MidDrafter(mid, 96)
+    tree = random_tree(prompt[-1], 96, 12, seed=8)
+    first = drafter.rescore(tree, prompt)
+    assert first.n_catch_up == len(prompt) - 1 and first.n_tree_nodes == 12
+    for v in range(6):
+        tree.add_child(v, 50 + v, -1.0)
+    second = drafter.rescore(tree, prompt)
+    assert second.n_catch_up == 0 and second.n_tree_nodes == len(tree) - 12
+    for v in range(1, len(tree)):
+        logp = torch.log_softmax(sequential_logits(mid, prompt + tree.path_tokens(tree.parents[v])), -1)
+        assert tree.edge_logp[v] == pytest.approx(float(logp[tree.tokens[v]]), abs=1e-4)
+    kids, _ = drafter.top_children([0, 3], 5)
+    expect = torch.topk(sequential_logits(mid, prompt + tree.path_tokens(3)), 5).indices.tolist()
+    assert kids[1] == expect
+    drafter.end_round([tree.children[0][next(iter(tree.children[0]))]])
+    assert drafter.n_committed == len(prompt) + 1
+    assert drafter.cache.get_seq_length() == drafter.n_committed
