@@ -6,9 +6,15 @@ import copy
 import os
 from pathlib import Path
 
-import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
@@ -52,6 +58,21 @@ def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Modu
     return twin.eval()
 
 
-@pytest.fixture(scope="session", params=["qwen3", "llama"])
-def arch(request) -> str:
-    return request.param
+def train_tokenizer(texts: list[str], vocab: int) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE trained in the test itself, with an <eos> special token."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<eos>"], show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def save_pair(root: Path, tok: PreTrainedTokenizerFast, seed: int) -> None:
+    """Save a random target and a noisy-copy mid drafter, each with the tokenizer, under root."""
+    target = tiny_model("qwen3", seed=seed, vocab=len(tok))
+    mid = noisy_copy(target, 0.3, seed=seed + 1)
+    for name, model in (("target", target), ("mid", mid)):
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)

@@ -6,9 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import SHARED, noisy_copy, tiny_model
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from conftest import SHARED, save_pair, tiny_model, train_tokenizer
 
 from decoder.config import DecodeConfig
 from decoder.generate import generate
@@ -27,25 +25,11 @@ def questions(limit_per_bench: int) -> list[str]:
     return out
 
 
-def train_tokenizer(texts: list[str], vocab: int) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<eos>"], show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-
-
 @pytest.fixture(scope="module")
 def saved_pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
     tok = train_tokenizer(questions(80), vocab=400)
-    target = tiny_model("qwen3", seed=21, vocab=len(tok))
-    mid = noisy_copy(target, 0.3, seed=22)
-    for name, model in (("target", target), ("mid", mid)):
-        model.generation_config.eos_token_id = tok.eos_token_id
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
+    save_pair(root, tok, seed=21)
     return root
 
 
