@@ -13,12 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from decoder.config import Grafting, TreeConfig
-from decoder.mid import MidDrafter
+from decoder.mid import MidCall, MidDrafter
 from decoder.ngram import NgramDrafter
 from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext
 from decoder.tree import DraftTree
+
+
+class MidLike(Protocol):
+    """What a mid step needs from the mid drafter."""
+
+    def rescore(self, tree: DraftTree, committed: list[int]) -> MidCall: ...
+
+    def top_children(self, nodes: list[int], m: int) -> tuple[list[list[int]], list[list[float]]]: ...
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,10 @@ class RoundBuilder:
             if use_mid:
                 if self.mid is None:
                     raise ValueError("the schedule calls the mid drafter but the pair has none")
-                rec = self._mid_step(state, committed, k)
+                rec = self.mid_step(state, committed, k)
                 times["mid"] += self.clock() - t1
             else:
-                rec = self._small_step(state, committed, k)
+                rec = self.small_step(state, committed, k)
                 times["ngram"] += self.clock() - t1
             history.append(use_mid)
             records.append(rec)
@@ -91,7 +100,7 @@ class RoundBuilder:
                     created.append(u)
         return created
 
-    def _small_step(self, state: BuildState, committed: list[int], k: int) -> StepRecord:
+    def small_step(self, state: BuildState, committed: list[int], k: int) -> StepRecord:
         tree = state.tree
         cfg = self.config
         pool = [v for v in state.newest if tree.alive[v]]
@@ -104,17 +113,21 @@ class RoundBuilder:
             created += self._graft(state, v, chains, k)
         return self._advance(state, pool, frontier, created, used_mid=False)
 
-    def _mid_step(self, state: BuildState, committed: list[int], k: int) -> StepRecord:
-        assert self.mid is not None
+    def mid_step(
+        self, state: BuildState, committed: list[int], k: int, mid: MidLike | None = None
+    ) -> StepRecord:
+        """A mid step; `mid` overrides the builder's drafter (replay hands in per-branch state)."""
+        mid = mid or self.mid
+        assert mid is not None
         tree = state.tree
         cfg = self.config
-        call = self.mid.rescore(tree, committed)
+        call = mid.rescore(tree, committed)
         if cfg.extended_grafting:
             pool = [v for v in tree.live_nodes() if v not in state.visited]
         else:
             pool = [v for v in state.newest if tree.alive[v]]
         frontier = top_w(tree, pool, cfg.width)
-        ids, lps = self.mid.top_children(frontier, cfg.topk)
+        ids, lps = mid.top_children(frontier, cfg.topk)
         created: list[int] = []
         for v, toks, vals in zip(frontier, ids, lps, strict=True):
             created += self._graft(state, v, [((t,), (lp,)) for t, lp in zip(toks, vals, strict=True)], k)

@@ -31,6 +31,60 @@ class MidCall:
     n_tree_nodes: int
 
 
+class TreeScores:
+    """The mid drafter's next-token log-prob rows for the tree nodes it has fed this round."""
+
+    def __init__(self) -> None:
+        self.fed: list[int] = []  # nodes in the order they were forwarded
+        self.row: dict[int, int] = {}  # node -> row of logp
+        self.logp: torch.Tensor | None = None  # [n_fed, V]
+
+    def copy(self) -> TreeScores:
+        """Independent bookkeeping; the rows tensor is shared (it is only ever replaced)."""
+        new = TreeScores()
+        new.fed, new.row, new.logp = self.fed.copy(), self.row.copy(), self.logp
+        return new
+
+    def unseen(self, tree: DraftTree) -> list[int]:
+        return [v for v in tree.live_nodes() if v not in self.row]
+
+    def record(self, nodes: list[int], logp: torch.Tensor) -> None:
+        base = 0 if self.logp is None else self.logp.shape[0]
+        self.logp = logp if self.logp is None else torch.cat([self.logp, logp])
+        for i, v in enumerate(nodes):
+            self.row[v] = base + i
+        self.fed.extend(nodes)
+
+    def apply_edges(self, tree: DraftTree) -> None:
+        """Every live node's edge log-prob becomes the mid's; path scores are refreshed."""
+        nodes = [v for v in tree.live_nodes() if v != 0]
+        if not nodes or self.logp is None:
+            return
+        rows = torch.tensor([self.row[tree.parents[v]] for v in nodes], device=self.logp.device)
+        cols = torch.tensor([tree.tokens[v] for v in nodes], device=self.logp.device)
+        tree.set_edge_logps(nodes, self.logp[rows, cols].tolist())
+
+    def top_children(self, nodes: list[int], m: int) -> tuple[list[list[int]], list[list[float]]]:
+        """Top-m next tokens and their log-probs after each node (nodes must have been fed)."""
+        if not nodes:
+            return [], []
+        assert self.logp is not None
+        rows = torch.tensor([self.row[v] for v in nodes], device=self.logp.device)
+        vals, ids = torch.topk(self.logp[rows], k=min(m, self.logp.shape[1]), dim=-1)
+        return ids.tolist(), vals.tolist()
+
+
+def tree_query(tree: DraftTree, fed: list[int], new: list[int], prefix_len: int) -> QueryBlock:
+    """New tree nodes on top of `prefix_len` committed tokens and the already fed tree nodes."""
+    anc = tree.ancestor_mask()
+    return QueryBlock(
+        tokens=[tree.tokens[v] for v in new],
+        positions=prefix_len + np.asarray([tree.depths[v] for v in new], dtype=np.int64),
+        visible=anc[np.ix_(new, fed + new)],
+        prefix_len=prefix_len,
+    )
+
+
 class MidDrafter:
     """Re-scores a draft tree and proposes top-m children with a neural LM."""
 
@@ -39,86 +93,51 @@ class MidDrafter:
         self.vocab_size = vocab_size
         self.cache = DynamicCache()
         self.n_committed = 0  # committed tokens in the cache
-        self._reset_round()
-
-    def _reset_round(self) -> None:
-        self.fed: list[int] = []  # tree nodes in cache order, after the committed prefix
-        self.row: dict[int, int] = {}  # node -> row of self.logp
-        self.logp: torch.Tensor | None = None  # [n_fed, V] log-probs of the next token
-
-    def reset(self) -> None:
-        self.cache = DynamicCache()
-        self.n_committed = 0
-        self._reset_round()
+        self.scores = TreeScores()
 
     def rescore(self, tree: DraftTree, committed: list[int]) -> MidCall:
         """Forward unseen live nodes; set every live node's edge log-prob to the mid's."""
         prefix = len(committed) - 1  # the root (last committed token) is tree node 0
         if self.n_committed > prefix:
             raise RuntimeError("mid cache holds more committed tokens than exist")
-        catch_up = committed[self.n_committed : prefix] if not self.fed else []
-        new = [v for v in tree.live_nodes() if v not in self.row]
+        catch_up = committed[self.n_committed : prefix] if not self.scores.fed else []
+        new = self.scores.unseen(tree)
         if new or catch_up:
             self._forward(tree, catch_up, new)
-        self._apply_edges(tree)
+        self.scores.apply_edges(tree)
         return MidCall(n_catch_up=len(catch_up), n_tree_nodes=len(new))
 
     def _forward(self, tree: DraftTree, catch_up: list[int], new: list[int]) -> None:
-        anc = tree.ancestor_mask()
-        c, f, n = len(catch_up), len(self.fed), len(new)
-        visible = np.zeros((c + n, c + f + n), dtype=bool)
+        """One forward: catch-up tokens (causal) then the new tree nodes (ancestor mask)."""
+        c, f = len(catch_up), len(self.scores.fed)
+        nodes = tree_query(tree, self.scores.fed, new, self.n_committed + c)
+        visible = np.zeros((c + len(new), c + f + len(new)), dtype=bool)
         visible[:c, :c] = np.tril(np.ones((c, c), dtype=bool))
         visible[c:, :c] = True
-        visible[c:, c:] = anc[np.ix_(new, self.fed + new)]
-        positions = np.concatenate(
-            [
-                np.arange(self.n_committed, self.n_committed + c, dtype=np.int64),
-                self.n_committed + c + np.asarray([tree.depths[v] for v in new], dtype=np.int64),
-            ]
-        )
+        visible[c:, c:] = nodes.visible
         block = QueryBlock(
-            tokens=list(catch_up) + [tree.tokens[v] for v in new],
-            positions=positions,
+            tokens=list(catch_up) + nodes.tokens,
+            positions=np.concatenate([np.arange(self.n_committed, self.n_committed + c), nodes.positions]),
             visible=visible,
             prefix_len=self.n_committed,
         )
         logits = forward_block(self.model, self.cache, block)[c:, : self.vocab_size]
-        logp = torch.log_softmax(logits, dim=-1)
         self.n_committed += c
-        base = 0 if self.logp is None else self.logp.shape[0]
-        self.logp = logp if self.logp is None else torch.cat([self.logp, logp])
-        for i, v in enumerate(new):
-            self.row[v] = base + i
-        self.fed.extend(new)
-
-    def _apply_edges(self, tree: DraftTree) -> None:
-        nodes = [v for v in tree.live_nodes() if v != 0]
-        if not nodes or self.logp is None:
-            return
-        rows = torch.tensor([self.row[tree.parents[v]] for v in nodes])
-        cols = torch.tensor([tree.tokens[v] for v in nodes])
-        values = self.logp[rows.to(self.logp.device), cols.to(self.logp.device)].tolist()
-        tree.set_edge_logps(nodes, values)
+        self.scores.record(new, torch.log_softmax(logits, dim=-1))
 
     def top_children(self, nodes: list[int], m: int) -> tuple[list[list[int]], list[list[float]]]:
-        """Top-m next tokens and their log-probs after each node (nodes must have been scored)."""
-        if not nodes:
-            return [], []
-        assert self.logp is not None
-        rows = torch.tensor([self.row[v] for v in nodes], device=self.logp.device)
-        vals, ids = torch.topk(self.logp[rows], k=min(m, self.logp.shape[1]), dim=-1)
-        return ids.tolist(), vals.tolist()
+        return self.scores.top_children(nodes, m)
 
     def end_round(self, accepted: list[int]) -> None:
         """Keep the KV of the root and the fed part of the accepted path; drop the rest."""
         keep: list[int] = []
         for v in [0, *accepted]:
-            if v not in self.row:
+            if v not in self.scores.row:
                 break
-            keep.append(self.n_committed + self.fed.index(v))
+            keep.append(self.n_committed + self.scores.fed.index(v))
         if keep:
             compact_cache(self.cache, self.n_committed, keep)
         else:
             crop_cache(self.cache, self.n_committed)
         self.n_committed += len(keep)
-        self._reset_round()
+        self.scores = TreeScores()

@@ -35,6 +35,19 @@ class DraftTree:
         self.alive: list[bool] = [True]
         self.created_step: list[int] = [0]
 
+    def copy(self) -> DraftTree:
+        """An independent copy (lists are copied, so either tree can grow on its own)."""
+        new = DraftTree.__new__(DraftTree)
+        new.tokens = self.tokens.copy()
+        new.parents = self.parents.copy()
+        new.depths = self.depths.copy()
+        new.edge_logp = self.edge_logp.copy()
+        new.scores = self.scores.copy()
+        new.children = [c.copy() for c in self.children]
+        new.alive = self.alive.copy()
+        new.created_step = self.created_step.copy()
+        return new
+
     def __len__(self) -> int:
         return len(self.tokens)
 
