@@ -26,6 +26,7 @@ class TreeConfig:
     ngram_max_n: int = 5
     ngram_max_matches: int = 8  # most recent occurrences consulted per lookup
     ngram_chain_len: int = 4  # tokens per proposed continuation chain
+    sequential: bool = False  # ablation: CSD-style cascade, one chain extended at its tip by top-1
 
     def __post_init__(self) -> None:
         for name in ("depth", "width", "topk", "budget", "ngram_max_n", "ngram_max_matches"):

@@ -104,12 +104,12 @@ class RoundBuilder:
         tree = state.tree
         cfg = self.config
         pool = [v for v in state.newest if tree.alive[v]]
-        frontier = top_w(tree, pool, cfg.width)
+        frontier = self._frontier(tree, pool)
         tail = committed[-cfg.ngram_max_n :]
         created: list[int] = []
         for v in frontier:
             suffix = (tail + tree.path_tokens(v))[-cfg.ngram_max_n :]
-            chains = [(c.tokens, c.logps) for c in self.ngram.propose(suffix, cfg.topk)]
+            chains = [(c.tokens, c.logps) for c in self.ngram.propose(suffix, self._children)]
             created += self._graft(state, v, chains, k)
         return self._advance(state, pool, frontier, created, used_mid=False)
 
@@ -122,18 +122,29 @@ class RoundBuilder:
         tree = state.tree
         cfg = self.config
         call = mid.rescore(tree, committed)
-        if cfg.extended_grafting:
+        if cfg.extended_grafting and not cfg.sequential:
             pool = [v for v in tree.live_nodes() if v not in state.visited]
         else:
             pool = [v for v in state.newest if tree.alive[v]]
-        frontier = top_w(tree, pool, cfg.width)
-        ids, lps = mid.top_children(frontier, cfg.topk)
+        frontier = self._frontier(tree, pool)
+        ids, lps = mid.top_children(frontier, self._children)
         created: list[int] = []
         for v, toks, vals in zip(frontier, ids, lps, strict=True):
             created += self._graft(state, v, [((t,), (lp,)) for t, lp in zip(toks, vals, strict=True)], k)
         if cfg.extended_grafting:
             state.visited.update(pool)
         return self._advance(state, pool, frontier, created, True, call.n_catch_up, call.n_tree_nodes)
+
+    @property
+    def _children(self) -> int:
+        return 1 if self.config.sequential else self.config.topk
+
+    def _frontier(self, tree: DraftTree, pool: list[int]) -> list[int]:
+        """Top-W of the pool; in a sequential cascade, the tip of the single draft chain."""
+        if not self.config.sequential:
+            return top_w(tree, pool, self.config.width)
+        live = tree.live_nodes()
+        return [max(live, key=lambda v: (tree.depths[v], v))]
 
     @staticmethod
     def _advance(

@@ -49,6 +49,7 @@ TREES = {
     "no-extended-grafting": TreeConfig(extended_grafting=False),
     "overwrite": TreeConfig(grafting=Grafting.OVERWRITE),
     "narrow": TreeConfig(depth=3, width=2, topk=2, budget=5, ngram_chain_len=2),
+    "sequential-cascade": TreeConfig(sequential=True),
 }
 
 
