@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint bench clean
+.PHONY: setup test lint bench repro bench-regimes ui clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,19 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_decoder.py
+
+# The whole pipeline on the embedded default (dvc.yaml): data, zoo, profile, collect, the learning
+# stages, export and evaluate. A second run skips every stage in about a second.
+# DVC runs stages with whatever `python` is first on PATH, so the venv goes first.
+repro: $(STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" HF_HUB_OFFLINE=1 $(VENV)/bin/dvc repro
+
+bench-regimes: repro
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_regimes.py
+
+# MLflow UI on the local SQLite store, bound to 127.0.0.1 only.
+ui: $(STAMP)
+	$(PY) -m pipeline.tracking ui
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

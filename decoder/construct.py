@@ -19,7 +19,7 @@ from decoder.config import Grafting, TreeConfig
 from decoder.mid import MidCall, MidDrafter
 from decoder.ngram import NgramDrafter
 from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext
-from decoder.tree import DraftTree
+from decoder.tree import DraftTree, top_w
 
 
 class MidLike(Protocol):
@@ -41,11 +41,6 @@ class StepRecord:
     created: int
     mid_catch_up: int  # committed tokens the mid forwarded to catch up
     mid_tree_tokens: int  # tree nodes the mid forwarded
-
-
-def top_w(tree: DraftTree, pool: list[int], width: int) -> list[int]:
-    """Best `width` nodes of the pool by path score, ties shallower first, then older first."""
-    return sorted(pool, key=lambda v: (-tree.scores[v], tree.depths[v], v))[:width]
 
 
 @dataclass

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from decoder.config import DecodeConfig
+from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import GenerationResult, generate
 from decoder.models import ModelPair
 from decoder.policies import AR, RuntimeContext, StepContext
@@ -72,6 +72,42 @@ def _summarise(
     )
 
 
+@dataclass(frozen=True)
+class Method:
+    """A named policy, optionally with its own tree settings (ablations)."""
+
+    name: str
+    policy: Policy
+    tree: TreeConfig | None = None
+
+
+def run_side_by_side(
+    pair: ModelPair,
+    prompts: Sequence[list[int]],
+    methods: Sequence[Method],
+    config: DecodeConfig,
+    runtime: RuntimeContext | None = None,
+    warmup_tokens: int = 16,
+) -> dict[str, list[GenerationResult]]:
+    """Same warm-up for every method, then every prompt with every method (AR first, always)."""
+    methods = [Method(AR, AR), *[m for m in methods if m.name != AR]]
+    configs = {m.name: replace(config, tree=m.tree) if m.tree is not None else config for m in methods}
+    for m in methods:
+        warm = replace(configs[m.name], max_new_tokens=min(warmup_tokens, config.max_new_tokens))
+        generate(pair, prompts[0], m.policy, warm, runtime)
+    results: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}
+    for prompt in prompts:
+        for m in methods:
+            results[m.name].append(generate(pair, prompt, m.policy, configs[m.name], runtime))
+    return results
+
+
+def lossless_flags(results: dict[str, list[GenerationResult]]) -> dict[str, bool]:
+    """Whether each method's outputs equal autoregressive decoding's, prompt by prompt."""
+    ref = [r.new_tokens for r in results[AR]]
+    return {name: [r.new_tokens for r in res] == ref for name, res in results.items()}
+
+
 def measure_policies(
     pair: ModelPair,
     prompts: Sequence[list[int]],
@@ -82,27 +118,12 @@ def measure_policies(
 ) -> dict[str, PolicyMeasurement]:
     """Decode every prompt with every policy (AR always included); return per-policy measurements."""
     config = config or DecodeConfig()
-    policies = [AR, *[p for p in policies if p != AR]]
-    names = [policy_name(p) for p in policies]
-    warm = DecodeConfig(
-        min(warmup_tokens, config.max_new_tokens), config.temperature, config.seed, config.tree
-    )
-    for policy in policies:
-        generate(pair, prompts[0], policy, warm, runtime)
-    results: dict[str, list[GenerationResult]] = {n: [] for n in names}
-    lossless = dict.fromkeys(names, True)
-    for prompt in prompts:
-        ref = None
-        for name, policy in zip(names, policies, strict=True):
-            res = generate(pair, prompt, policy, config, runtime)
-            results[name].append(res)
-            if ref is None:
-                ref = res.new_tokens
-            elif config.temperature == 0 and res.new_tokens != ref:
-                lossless[name] = False
+    methods = [Method(policy_name(p), p) for p in policies]
+    results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens)
+    lossless = lossless_flags(results) if config.temperature == 0 else dict.fromkeys(results, True)
     ar = results[AR]
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
-    return {n: _summarise(n, results[n], ar_tps, lossless[n]) for n in names}
+    return {n: _summarise(n, res, ar_tps, lossless[n]) for n, res in results.items()}
 
 
 def format_table(rows: dict[str, PolicyMeasurement]) -> str:

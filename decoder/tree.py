@@ -189,6 +189,11 @@ class DraftTree:
         return PrunedTree(tree=new, source=np.asarray(order, dtype=np.int64))
 
 
+def top_w(tree: DraftTree, pool: list[int], width: int) -> list[int]:
+    """Best `width` nodes of the pool by path score, ties shallower first, then older first."""
+    return sorted(pool, key=lambda v: (-tree.scores[v], tree.depths[v], v))[:width]
+
+
 @dataclass(frozen=True)
 class PrunedTree:
     """A compact tree and, for each of its nodes, the index it had in the tree it came from."""

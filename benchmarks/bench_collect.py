@@ -1,0 +1,73 @@
+"""Replay vs execute collection, side by side in one run, on the embedded default.
+
+For one report (a zoo pair x a dataset x a few prompts) it runs all 2^D schedules in execute mode
+(real target verification every round) and in replay mode, prints both wall times, the ratio
+(goal: replay >= 3x faster) and checks that every trajectory's accepted lengths are identical.
+
+Run after `make repro` (needs the data, zoo and profile stages):
+    .venv/bin/python benchmarks/bench_collect.py --pair zoo-m --dataset humaneval --prompts 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from collectors.execute import execute_prompt
+from collectors.plan import load_registered_pair, report_prompts
+from collectors.replay import Replayer
+from collectors.report import ReportSpec
+from decoder.config import DecodeConfig
+from decoder.policies import schedule_bits
+from pipeline.params import load_params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", default="zoo-m")
+    ap.add_argument("--dataset", default="humaneval")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--profile", default=None, help="params profile, e.g. smoke")
+    ap.add_argument("--stride", type=int, default=None, help="round-table stride (default: params)")
+    args = ap.parse_args()
+    params = load_params(profile=args.profile)
+    torch.set_num_threads(params.runtime.torch_threads)
+    pair = load_registered_pair(params, args.pair)
+    prompts = report_prompts(params, ReportSpec(args.pair, args.dataset, 0, args.prompts), pair.tokenizer)
+    max_new = args.max_new_tokens or params.collect.max_new_tokens
+    config = DecodeConfig(max_new, 0.0, 0, params.tree.to_config())
+    schedules = [schedule_bits(s, config.tree.depth) for s in range(2**config.tree.depth)]
+    execute_prompt(pair, prompts[0], schedules[-1], DecodeConfig(8, 0.0, 0, config.tree))  # warm-up
+
+    t0 = time.perf_counter()
+    executed = {(p, s): execute_prompt(pair, prompt, bits, config)
+                for p, prompt in enumerate(prompts) for s, bits in enumerate(schedules)}  # fmt: skip
+    t_exec = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    stride = params.collect.round_table_stride if args.stride is None else args.stride
+    replayer = Replayer(pair, config, schedules, stride)
+    replayed = [replayer.replay_prompt(prompt) for prompt in prompts]
+    t_replay = time.perf_counter() - t0
+
+    same = sum(
+        [r.accepted for r in executed[p, s][0]] == [r.accepted for r in replayed[p].rounds[s]]
+        for p in range(len(prompts))
+        for s in range(len(schedules))
+    )
+    starts = sum(len(r.starts) for r in replayed)
+    rounds = sum(len(executed[k][0]) for k in executed)
+    print(f"report {args.pair} x {args.dataset}: {len(prompts)} prompts x {len(schedules)} schedules, "
+          f"{max_new} new tokens each")  # fmt: skip
+    print(f"  execute: {t_exec:8.2f} s  ({rounds} rounds verified by the target)")
+    print(
+        f"  replay : {t_replay:8.2f} s  ({starts} round starts x {len(schedules)} schedules, no verification)"
+    )
+    print(f"  replay speedup: {t_exec / t_replay:.2f}x (goal >= 3x)")
+    print(f"  identical accepted lengths: {same}/{len(executed)} trajectories")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""End-to-end evaluation of decoding methods on one (pair, dataset) cell, and its tables.
+
+Contract: every method decodes the same prompts after the same warm-up, timed by the same clock
+(`decoder.measure.run_side_by_side`); every method's output must be token-identical to
+autoregressive decoding, otherwise `LosslessError` is raised and nothing is written. Each method
+gets wall-clock numbers and the same counts re-priced with the pair's latency profile, so the
+table can be shown for another device's profile. Per-question records follow the Spec-Bench
+answer format (per-turn new tokens, wall time, accepted lengths).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+from collectors.latency import LatencyProfile, counts_from_round, price_ar, price_round
+from collectors.prompts import Question
+from collectors.records import RoundRecord
+from collectors.replay import Replayer
+from decoder.config import DecodeConfig
+from decoder.generate import GenerationResult
+from decoder.measure import Method, lossless_flags, run_side_by_side
+from decoder.models import ModelPair
+from decoder.policies import AR, FixedSchedule, RuntimeContext, schedule_bits
+
+
+class LosslessError(RuntimeError):
+    """A method's output differs from autoregressive decoding."""
+
+
+@dataclass(frozen=True)
+class CellResult:
+    rows: list[dict]  # one per method
+    answers: dict[str, list[dict]]  # method -> Spec-Bench answer records
+
+
+def best_fixed_in_hindsight(pair: ModelPair, prompts: list[list[int]], config: DecodeConfig, profile) -> str:
+    """The fixed schedule with the best priced tokens/s on these very prompts (replay, exact A)."""
+    depth = config.tree.depth
+    schedules = [schedule_bits(s, depth) for s in range(2**depth)]
+    replayer = Replayer(pair, config, schedules)
+    ms, tokens = [0.0] * len(schedules), [0] * len(schedules)
+    for prompt in prompts:
+        rep = replayer.replay_prompt(prompt)
+        for s in range(len(schedules)):
+            ms[s] += sum(price_round(profile, _fixed(r).counts()) for r in rep.rounds[s])
+            tokens[s] += rep.n_tokens[s]
+    best = max(range(len(schedules)), key=lambda s: (tokens[s] / ms[s], -s))
+    return FixedSchedule(schedules[best]).text
+
+
+def _fixed(rec: RoundRecord) -> RoundRecord:
+    """A fixed schedule makes no decisions at run time: price it without the scheduler's cost."""
+    return replace(rec, signals=())
+
+
+def priced_ms(result: GenerationResult, profile: LatencyProfile, policy: object) -> float:
+    """Modelled decoding time of a generation under the profile (prefill excluded)."""
+    if not result.rounds:
+        return price_ar(profile, len(result.new_tokens))
+    fixed = isinstance(policy, FixedSchedule | str)
+    total = 0.0
+    for r in result.rounds:
+        counts = counts_from_round(r)
+        total += price_round(profile, replace(counts, decisions=0) if fixed else counts)
+    return total
+
+
+def method_row(
+    name: str, results: list[GenerationResult], ar: list[GenerationResult], profile, policy, depth
+) -> dict:
+    tokens = sum(len(r.new_tokens) for r in results)
+    wall = sum(r.wall_s for r in results)
+    ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
+    priced = sum(priced_ms(r, profile, policy) for r in results)
+    ar_priced = sum(priced_ms(r, profile, AR) for r in ar)
+    rounds = [rd for r in results for rd in r.rounds]
+    steps = [st for rd in rounds for st in rd.steps]
+    mid_steps = [st for st in steps if st.used_mid]
+    per_step = [
+        sum(rd.steps[k].used_mid for rd in rounds) / len(rounds) if rounds else 0.0 for k in range(depth)
+    ]
+    return {
+        "method": name,
+        "n_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "speedup": tokens / wall / ar_tps,
+        "priced_tokens_per_s": 1e3 * tokens / priced,
+        "priced_speedup": ar_priced / priced,
+        "mean_accepted_length": sum(rd.accepted for rd in rounds) / len(rounds) if rounds else 0.0,
+        "mid_call_rate": len(mid_steps) / len(steps) if steps else 0.0,
+        "mid_calls_per_step": per_step,
+        "mid_pool_mean": sum(s.pool_size for s in mid_steps) / len(mid_steps) if mid_steps else 0.0,
+        "historical_pick_share": (
+            sum(s.historical_picks for s in mid_steps) / max(1, sum(s.frontier_size for s in mid_steps))
+        ),
+    }
+
+
+def evaluate_cell(
+    pair: ModelPair,
+    questions: list[Question],
+    prompts: list[list[int]],
+    methods: list[Method],
+    config: DecodeConfig,
+    runtime: RuntimeContext,
+    profile: LatencyProfile,
+) -> CellResult:
+    """Decode with every method; raise LosslessError on any mismatch; return rows and answers."""
+    results = run_side_by_side(pair, prompts, methods, config, runtime)
+    bad = [n for n, ok in lossless_flags(results).items() if not ok]
+    if bad:
+        raise LosslessError(f"methods {bad} produced output that differs from autoregressive decoding")
+    policies = {AR: AR, **{m.name: m.policy for m in methods}}
+    rows = [
+        method_row(n, res, results[AR], profile, policies[n], config.tree.depth) for n, res in results.items()
+    ]
+    answers = {
+        n: [specbench_record(q, r, pair, n) for q, r in zip(questions, res, strict=True)]
+        for n, res in results.items()
+    }
+    return CellResult(rows, answers)
+
+
+def specbench_record(question: Question, result: GenerationResult, pair: ModelPair, model_id: str) -> dict:
+    """One answer line in the Spec-Bench format (single turn: the paper decodes the first turn)."""
+    text = pair.tokenizer.decode(result.new_tokens) if pair.tokenizer is not None else ""
+    return {
+        "question_id": question.question_id,
+        "category": question.category,
+        "answer_id": uuid.uuid5(
+            uuid.NAMESPACE_URL, f"{model_id}/{question.dataset}/{question.question_id}"
+        ).hex,
+        "model_id": model_id,
+        "choices": [
+            {
+                "index": 0,
+                "turns": [text],
+                "decoding_steps": [max(1, len(result.rounds))],
+                "new_tokens": [len(result.new_tokens)],
+                "wall_time": [result.wall_s],
+                "accept_lengths": [[r.accepted + 1 for r in result.rounds] or [1] * len(result.new_tokens)],
+            }
+        ],
+        "tstamp": time.time(),
+    }

@@ -1,0 +1,256 @@
+"""Replay mode: all 2^D schedules from every visited round start, without target verification.
+
+Why it is exact at temperature 0: decoding is lossless, so every schedule commits the same text,
+the target's greedy continuation g. A round starting after L committed tokens accepts exactly the
+longest path of its pruned tree that spells g[L:], so no verification forward is needed.
+
+What is shared: g and the target's top-m log-probs at every position are computed once per prompt
+(prompt rows by the same prefill as execute mode); the mid drafter's KV of the committed text is
+computed once per prompt and handed to each round start; tree construction is shared between
+schedules with the same prefix (a depth-first walk over the 2^D schedules, branching the tree
+and the mid drafter's per-round state, whose tree-node KV is reused along each branch).
+
+Each schedule's trajectory then walks from start to start (L -> L + A + 1) through the memoised
+outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, replace
+
+from transformers import DynamicCache
+
+from collectors.branch_mid import KV, BranchMid, batch_rescore, committed_kv
+from collectors.records import RoundRecord
+from decoder.config import DecodeConfig
+from decoder.construct import RoundBuilder
+from decoder.generate import generate
+from decoder.mid import TreeScores
+from decoder.models import ModelPair
+from decoder.ngram import NgramDrafter
+from decoder.policies import BuildState
+from decoder.tensors import causal_block, forward_block
+from decoder.tree import ROOT, DraftTree
+from decoder.verify import TargetVerifier, top_logps
+from features.tree_signals import tree_signals
+
+
+@dataclass(frozen=True)
+class BranchOutcome:
+    """One schedule from one round start."""
+
+    accepted: int
+    verified_nodes: int  # including the root
+    mid_tree_tokens: tuple[int, ...]
+    fed_accepted: int  # accepted nodes whose KV the mid drafter keeps; -1 when it was not called
+    signals: tuple[tuple[float, ...], ...]
+
+
+@dataclass(frozen=True)
+class PromptReplay:
+    rounds: dict[int, list[RoundRecord]]  # schedule id -> the trajectory's rounds
+    n_tokens: dict[int, int]
+    starts: dict[int, list[BranchOutcome]]  # round-table starts: committed length -> all schedules
+
+
+def branch_copy(state: BuildState) -> BuildState:
+    return BuildState(state.tree.copy(), set(state.visited), list(state.newest), list(state.frontier))
+
+
+def accepted_along(tree: DraftTree, text: list[int], start: int) -> list[int]:
+    """Nodes of the longest tree path spelling text[start:], root excluded."""
+    path, v, i = [], ROOT, start
+    while i < len(text):
+        child = tree.children[v].get(text[i])
+        if child is None or not tree.alive[child]:
+            break
+        path.append(child)
+        v, i = child, i + 1
+    return path
+
+
+class Replayer:
+    """Replays all schedules of one pair on one prompt at a time."""
+
+    def __init__(
+        self,
+        pair: ModelPair,
+        config: DecodeConfig,
+        schedules: list[tuple[bool, ...]],
+        round_table_stride: int = 1,
+    ) -> None:
+        """round_table_stride: every k-th visited start of a prompt gets all schedules (the round
+        table); the others only grow the schedule prefixes whose trajectories pass through them."""
+        if config.temperature != 0:
+            raise ValueError("replay mode needs temperature 0 (greedy acceptance)")
+        if round_table_stride < 0:
+            raise ValueError(f"round_table_stride must be >= 0, got {round_table_stride}")
+        self.pair, self.config, self.schedules = pair, config, schedules
+        self.stride = round_table_stride
+        self.index = {bits: i for i, bits in enumerate(schedules)}
+        self.depth = config.tree.depth
+
+    def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
+        """The target's greedy continuation with a margin for the deepest tree; and its EOS stop."""
+        cfg = self.config.tree
+        room = self.pair.context_len - len(prompt) - self.config.max_new_tokens
+        margin = max(0, min(cfg.depth * max(cfg.ngram_chain_len, 1) + 1, room))
+        free = replace(self.pair, eos_token_ids=())
+        run = DecodeConfig(self.config.max_new_tokens + margin, 0.0, self.config.seed, cfg)
+        g = generate(free, prompt, "all-small", run).new_tokens
+        eos = set(self.pair.eos_token_ids)
+        limit = next((i + 1 for i, t in enumerate(g[: self.config.max_new_tokens]) if t in eos), None)
+        return g, limit or self.config.max_new_tokens
+
+    def replay_prompt(self, prompt: list[int]) -> PromptReplay:
+        g, limit = self.continuation(prompt)
+        text = prompt + g
+        ngram = self._ngram_with_rows(prompt, text)
+        mid_kv = self._mid_kv(text) if self.pair.mid is not None else None
+        builder = RoundBuilder(self.config.tree, ngram, None, lambda: 0.0)
+        p0 = len(prompt)
+        ngram.commit(prompt)
+        starts: dict[int, list[BranchOutcome]] = {}
+        at: dict[int, list[int]] = {p0: list(range(len(self.schedules)))}
+        state = {s: _Walk() for s in range(len(self.schedules))}
+        heap = [p0]
+        visited = 0
+        while heap:
+            start = heapq.heappop(heap)
+            ngram.commit(text[len(ngram.index.tokens) : start])
+            context = committed_kv(mid_kv, start - 1) if mid_kv is not None else None
+            full = self.stride > 0 and visited % self.stride == 0
+            needed = None if full else {self.schedules[s] for s in at[start]}
+            outcomes = self._all_schedules(builder, context, text, start, needed)
+            visited += 1
+            if full:
+                starts[start] = outcomes  # type: ignore[assignment]
+            for s in at.pop(start):
+                nxt = state[s].advance(outcomes[s], start, p0, limit, self.schedules[s])
+                if nxt is not None:
+                    if nxt not in at:
+                        at[nxt] = []
+                        heapq.heappush(heap, nxt)
+                    at[nxt].append(s)
+        return PromptReplay(
+            {s: w.rounds for s, w in state.items()}, {s: w.emitted for s, w in state.items()}, starts
+        )
+
+    def _ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
+        """An n-gram drafter whose score cache holds the target's rows for every position."""
+        cfg = self.config.tree
+        verifier = TargetVerifier(self.pair.target, self.pair.vocab_size, cfg.topk)
+        head = verifier.prefill(prompt)
+        start = len(prompt) - 1
+        logits = forward_block(self.pair.target, verifier.cache, causal_block(text[start:-1], start, start))
+        tail = top_logps(logits[:, : self.pair.vocab_size], cfg.topk, start)
+        ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
+        for rows in (head, tail):
+            ngram.cache.set_rows(rows.start, rows.tokens, rows.logps)
+        return ngram
+
+    def _mid_kv(self, text: list[int]) -> DynamicCache:
+        cache = DynamicCache()
+        forward_block(self.pair.mid, cache, causal_block(text[:-1], 0, 0))
+        return cache
+
+    def _all_schedules(
+        self,
+        builder: RoundBuilder,
+        context: KV | None,
+        text: list[int],
+        start: int,
+        needed: set[tuple[bool, ...]] | None = None,
+    ) -> list[BranchOutcome | None]:
+        """Grow the schedules' trees level by level (all, or only the prefixes of `needed`);
+        the mid steps of one level share a forward. Schedules not grown get None."""
+        prefixes = None if needed is None else {b[:k] for b in needed for k in range(len(b) + 1)}
+        committed = text[:start]
+        width = self.config.tree.width
+        level = [_Branch((), BuildState(DraftTree(text[start - 1])), BranchMid(TreeScores()), (), ())]
+        for k in range(1, self.depth + 1):
+            nxt, invoking = [], []
+            for b in level:
+                sig = (*b.signals, tree_signals(b.state, width))
+                if prefixes is None or (*b.bits, False) in prefixes:
+                    small = branch_copy(b.state)
+                    builder.small_step(small, committed, k)
+                    nxt.append(_Branch((*b.bits, False), small, b.mid, b.calls, sig))
+                if context is not None and (prefixes is None or (*b.bits, True) in prefixes):
+                    invoking.append(
+                        _Branch((*b.bits, True), branch_copy(b.state), b.mid.copy(), b.calls, sig)
+                    )
+            if invoking:
+                batch_rescore(
+                    self.pair.mid,
+                    self.pair.vocab_size,
+                    context,
+                    start - 1,
+                    [(b.state.tree, b.mid) for b in invoking],
+                )
+            for b in invoking:
+                rec = builder.mid_step(b.state, committed, k, b.mid)
+                nxt.append(_Branch(b.bits, b.state, b.mid, (*b.calls, rec.mid_tree_tokens), b.signals))
+            level = nxt
+        out: list[BranchOutcome | None] = [None] * len(self.schedules)
+        for b in level:
+            if b.bits in self.index:
+                out[self.index[b.bits]] = self._finish(b, text, start)
+        want = self.schedules if needed is None else needed
+        missing = [bits for bits in want if out[self.index[bits]] is None]
+        if missing:
+            raise ValueError(f"schedules {missing[:3]} need a mid drafter but the pair has none")
+        return out
+
+    def _finish(self, b: _Branch, text: list[int], start: int) -> BranchOutcome:
+        pruned = b.state.tree.prune(self.config.tree.budget)
+        accepted = [int(pruned.source[a]) for a in accepted_along(pruned.tree, text, start)]
+        fed = -1
+        if b.calls:
+            fed = 0
+            while fed < len(accepted) and accepted[fed] in b.mid.scores.row:
+                fed += 1
+        return BranchOutcome(len(accepted), len(pruned.tree), b.calls, fed, b.signals)
+
+
+@dataclass(frozen=True)
+class _Branch:
+    bits: tuple[bool, ...]
+    state: BuildState
+    mid: BranchMid
+    calls: tuple[int, ...]  # tree nodes forwarded per mid call so far
+    signals: tuple[tuple[float, ...], ...]
+
+
+@dataclass
+class _Walk:
+    """One schedule's trajectory through the round starts, with execute mode's accounting."""
+
+    emitted: int = 0
+    mid_committed: int = 0  # committed tokens the mid drafter's cache would hold in execute mode
+    rounds: list[RoundRecord] | None = None
+
+    def advance(
+        self, o: BranchOutcome, start: int, p0: int, limit: int, bits: tuple[bool, ...]
+    ) -> int | None:
+        if self.rounds is None:
+            self.rounds = []
+        take = min(o.accepted + 1, limit - self.emitted)
+        catch_up = 0
+        if o.mid_tree_tokens:
+            catch_up = (start - 1) - self.mid_committed
+            self.mid_committed = start + o.fed_accepted
+        self.rounds.append(
+            RoundRecord(
+                accepted=o.accepted,
+                emitted=take,
+                verified_nodes=o.verified_nodes,
+                mid_tree_tokens=o.mid_tree_tokens,
+                mid_catch_up=catch_up,
+                small_steps=len(bits) - sum(bits),
+                signals=o.signals,
+            )
+        )
+        self.emitted += take
+        return None if self.emitted >= limit else start + o.accepted + 1

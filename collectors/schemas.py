@@ -1,0 +1,86 @@
+"""The collectors' three tables, declared once. Units in names, keys end in _id, flags in is_."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from collectors.tables import TableSpec
+from features.tree_signals import CONTEXT_NAMES, SIGNAL_NAMES, history_names
+
+SCHEMA_VERSION = "v1"
+MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
+
+_KEYS = (("report_id", pa.string()), ("pair_id", pa.string()), ("dataset_id", pa.string()))
+_OUTCOME = (
+    ("mean_accepted_length", pa.float64()),
+    ("round_latency_ms", pa.float64()),
+    ("throughput_tok_per_s", pa.float64()),
+)
+
+TRAJECTORIES = TableSpec(
+    "trajectories",
+    SCHEMA_VERSION,
+    (
+        *_KEYS,
+        ("schedule_id", pa.int16()),
+        ("schedule", pa.string()),
+        ("mode", pa.string()),
+        ("profile_id", pa.string()),
+        ("n_prompts", pa.int32()),
+        ("n_rounds", pa.int32()),
+        ("n_tokens", pa.int32()),
+        *_OUTCOME,
+        ("tokens_per_round", pa.float64()),
+        ("n_small_steps", pa.int32()),
+        ("n_mid_calls", pa.int32()),
+        ("mid_tokens", pa.int64()),
+        ("mid_catch_up_tokens", pa.int64()),
+        ("verified_nodes", pa.int64()),
+        ("mid_call_tokens", pa.list_(pa.int32())),
+        ("verified_nodes_per_round", pa.list_(pa.int32())),
+        ("measured_round_latency_ms", pa.float64()),
+        ("measured_throughput_tok_per_s", pa.float64()),
+    ),
+)
+
+
+def actions_spec(depth: int) -> TableSpec:
+    """One row per (report, schedule, step): state before the step, action, trajectory outcome."""
+    return TableSpec(
+        "actions",
+        f"{SCHEMA_VERSION}-D{depth}",
+        (
+            *_KEYS,
+            ("schedule_id", pa.int16()),
+            ("step", pa.int8()),
+            ("is_invoke", pa.bool_()),
+            ("prefix", pa.string()),
+            ("suffix", pa.string()),
+            *((n, pa.float64()) for n in CONTEXT_NAMES),
+            *((n, pa.float64()) for n in history_names(depth)),
+            *((n, pa.float64()) for n in SIGNAL_NAMES),
+            *_OUTCOME,
+        ),
+    )
+
+
+def rounds_spec(depth: int) -> TableSpec:
+    """Replay's round-level table: every schedule's outcome from every visited round start."""
+    return TableSpec(
+        "rounds",
+        f"{SCHEMA_VERSION}-D{depth}",
+        (
+            *_KEYS,
+            ("prompt_id", pa.int32()),
+            ("start_position", pa.int32()),
+            ("schedule_id", pa.int16()),
+            ("accepted", pa.int16()),
+            ("verified_nodes", pa.int16()),
+            ("mid_call_tokens", pa.list_(pa.int32())),
+            ("n_small_steps", pa.int8()),
+            ("round_latency_ms", pa.float64()),
+            ("throughput_tok_per_s", pa.float64()),
+            ("is_round_best", pa.bool_()),
+            ("signals", pa.list_(pa.float32())),
+        ),
+    )

@@ -1,0 +1,310 @@
+"""Learned scheduling policies from exported artifacts, NumPy only (no torch, no pickle).
+
+An artifact is ``NAME.safetensors`` (float32 tensors ``{head}.{i}.weight`` (out, in) and
+``{head}.{i}.bias``; ReLU between layers) plus ``NAME.json``, the manifest:
+schema_version, kind ("student" | "value"), depth D, width W, feature_names (the state z, in
+order), input_names (z plus the suffix encoding for a value system), x_mean/x_std over the
+inputs, heads (name -> layer widths), y_mean/y_std per head, weights_sha256, and provenance
+(training_data_sha256, git_revision, metrics).
+
+Contract: :func:`read_artifact` refuses a wrong schema version or kind, a checksum mismatch, or
+tensors that do not match the declared heads. :func:`load_scheduler` / :func:`load_value_planner`
+also refuse a feature order this decoder does not compute (context, history for D, then known
+tree signals) and, given the decoder's TreeConfig, a different D or W. Normalization is folded
+into the first and last layers at load, so a decision is three small matmuls.
+
+The policies are decoder schedulers: ``generate(pair, ids, policy, config, runtime=...)``; they
+need the RuntimeContext (the context features come from it) and raise a clear error without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from decoder.policies import RuntimeContext, StepContext
+from features.encoding import suffix_feature_names
+from models.margins import HEADS, search_margins
+
+SCHEMA_VERSION = "treegraft-mlp/1"
+KINDS = ("student", "value")
+
+
+class ManifestError(ValueError):
+    """An exported scheduler artifact does not fit this decoder (or is corrupt)."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    manifest: dict
+    arrays: dict[str, np.ndarray]
+
+
+def artifact_paths(path: Path | str) -> tuple[Path, Path]:
+    """(manifest .json, weights .safetensors) for a path to either file or to the common stem."""
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix in (".json", ".safetensors") else p
+    return stem.with_suffix(".json"), stem.with_suffix(".safetensors")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_manifest(
+    *,
+    kind: str,
+    depth: int,
+    width: int,
+    feature_names: Sequence[str],
+    input_names: Sequence[str],
+    x_mean: Sequence[float],
+    x_std: Sequence[float],
+    heads: dict[str, Sequence[int]],
+    y_mean: dict[str, float],
+    y_std: dict[str, float],
+    **extra: object,
+) -> dict:
+    """The manifest fields every artifact has (``extra``: provenance, metrics, units, ...)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return {
+        "kind": kind,
+        "depth": int(depth),
+        "width": int(width),
+        "feature_names": list(feature_names),
+        "input_names": list(input_names),
+        "x_mean": [float(v) for v in x_mean],
+        "x_std": [float(v) for v in x_std],
+        "heads": {h: [int(s) for s in sizes] for h, sizes in heads.items()},
+        "activation": "relu",
+        "y_mean": {h: float(v) for h, v in y_mean.items()},
+        "y_std": {h: float(v) for h, v in y_std.items()},
+        **extra,
+    }
+
+
+def write_artifact(path: Path | str, manifest: dict, arrays: dict[str, np.ndarray]) -> Path:
+    """Write weights and manifest (adding weights_sha256 and schema_version); returns the .json path."""
+    meta, weights = artifact_paths(path)
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(arrays.items())}, str(weights))
+    full = {**manifest, "schema_version": SCHEMA_VERSION, "weights_sha256": _sha256(weights)}
+    meta.write_text(json.dumps(full, indent=2) + "\n")  # key order kept: head order matters
+    return meta
+
+
+def read_artifact(path: Path | str, kind: str) -> Artifact:
+    """Read and structurally validate an artifact of the given kind; see the module contract."""
+    meta, weights = artifact_paths(path)
+    if not meta.is_file() or not weights.is_file():
+        raise ManifestError(f"{meta.with_suffix('')}: need both {meta.name} and {weights.name}")
+    manifest = json.loads(meta.read_text())
+    where = str(meta)
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise ManifestError(
+            f"{where}: schema_version {manifest.get('schema_version')!r}, "
+            f"this decoder reads {SCHEMA_VERSION!r}"
+        )
+    if manifest.get("kind") != kind:
+        raise ManifestError(f"{where}: kind {manifest.get('kind')!r}, expected {kind!r}")
+    if manifest.get("weights_sha256") != _sha256(weights):
+        raise ManifestError(f"{where}: {weights.name} does not match the manifest's weights_sha256")
+    arrays = load_file(str(weights))
+    n_in = len(manifest["input_names"])
+    if len(manifest["x_mean"]) != n_in or len(manifest["x_std"]) != n_in:
+        raise ManifestError(f"{where}: x_mean/x_std must have one entry per input ({n_in})")
+    for head, sizes in manifest["heads"].items():
+        if sizes[0] != n_in or sizes[-1] != 1:
+            raise ManifestError(f"{where}: head {head!r} sizes {sizes} do not map {n_in} inputs to 1 output")
+        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+            w, bias = arrays.get(f"{head}.{i}.weight"), arrays.get(f"{head}.{i}.bias")
+            if w is None or bias is None or w.shape != (b, a) or bias.shape != (b,):
+                raise ManifestError(f"{where}: tensors of {head}.{i} missing or not ({b}, {a})")
+    return Artifact(manifest, arrays)
+
+
+def decoder_feature_names(depth: int, signals: Sequence[str]) -> tuple[str, ...]:
+    """The state z this decoder computes online for the given signals (the one feature order)."""
+    from features.tree_signals import CONTEXT_NAMES, SIGNAL_NAMES, history_names
+
+    unknown = [s for s in signals if s not in SIGNAL_NAMES]
+    if unknown:
+        raise ManifestError(
+            f"tree signal(s) {unknown} are not computed by this decoder (known: {SIGNAL_NAMES})"
+        )
+    return (*CONTEXT_NAMES, *history_names(depth), *signals)
+
+
+def check_features(manifest: dict, depth: int | None, width: int | None) -> tuple[str, ...]:
+    """Validate D, W and the feature order against this decoder; return the signal names."""
+    d = int(manifest["depth"])
+    if depth is not None and d != depth:
+        raise ManifestError(f"artifact was trained for D = {d} drafting steps, the decoder runs D = {depth}")
+    if width is not None and int(manifest["width"]) != width:
+        raise ManifestError(f"artifact was trained for W = {manifest['width']}, the decoder runs W = {width}")
+    names = tuple(manifest["feature_names"])
+    n_fixed = len(decoder_feature_names(d, ()))  # context + history; the rest are tree signals
+    expected = decoder_feature_names(d, names[n_fixed:])
+    if names != expected:
+        raise ManifestError(f"feature order {list(names)} differs from this decoder's {list(expected)}")
+    return names[n_fixed:]
+
+
+class Mlp:
+    """One head in NumPy float64 with input standardization and output de-standardization folded in."""
+
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        head: str,
+        n_layers: int,
+        x_mean: Sequence[float],
+        x_std: Sequence[float],
+        y_mean: float,
+        y_std: float,
+    ) -> None:
+        ws = [arrays[f"{head}.{i}.weight"].astype(np.float64).T for i in range(n_layers)]
+        bs = [arrays[f"{head}.{i}.bias"].astype(np.float64) for i in range(n_layers)]
+        x_mean, x_std = np.asarray(x_mean, dtype=np.float64), np.asarray(x_std, dtype=np.float64)
+        ws[0] = ws[0] / x_std[:, None]
+        bs[0] = bs[0] - x_mean @ ws[0]
+        ws[-1], bs[-1] = ws[-1] * y_std, bs[-1] * y_std + y_mean
+        self.layers = [(np.ascontiguousarray(w), b) for w, b in zip(ws, bs, strict=True)]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """(n, in) or (in,) -> (n,) or scalar array, in original target units."""
+        h = x
+        for w, b in self.layers[:-1]:
+            h = np.maximum(h @ w + b, 0.0)
+        w, b = self.layers[-1]
+        return (h @ w + b)[..., 0]
+
+
+def _heads(art: Artifact) -> dict[str, Mlp]:
+    m = art.manifest
+    return {
+        head: Mlp(
+            art.arrays, head, len(sizes) - 1, m["x_mean"], m["x_std"], m["y_mean"][head], m["y_std"][head]
+        )
+        for head, sizes in m["heads"].items()
+    }
+
+
+class _OnlineFeatures:
+    """z for a StepContext: context (cached per runtime), history, chosen tree signals."""
+
+    def __init__(self, signals: Sequence[str], width: int) -> None:
+        self.signals, self.width = tuple(signals), width
+        self.idx: list[int] = []
+        self._fns: tuple | None = None  # bound on first use: features.tree_signals imports the decoder
+        self._runtime: RuntimeContext | None = None
+        self._context: tuple[float, ...] = ()
+
+    def _bind(self) -> tuple:
+        from features.tree_signals import SIGNAL_NAMES, context_features, history_features, tree_signals
+
+        self.idx = [SIGNAL_NAMES.index(s) for s in self.signals]
+        self._fns = (context_features, history_features, tree_signals)
+        return self._fns
+
+    def __call__(self, ctx: StepContext) -> np.ndarray:
+        context_features, history_features, tree_signals = self._fns or self._bind()
+        if ctx.runtime is None:
+            raise ValueError(
+                "a learned scheduler needs the runtime context: call generate(..., "
+                "runtime=RuntimeContext(prompt_tokens, target_ms, mid_ms)) with warm-up timings"
+            )
+        if ctx.runtime is not self._runtime:
+            self._runtime, self._context = ctx.runtime, context_features(ctx.runtime)
+        sig = tree_signals(ctx.state, self.width)
+        hist = history_features(ctx.step, ctx.depth, ctx.history)
+        return np.array([*self._context, *hist, *(sig[i] for i in self.idx)])
+
+
+class LearnedScheduler:
+    """The distilled student: invoke the mid drafter iff its predicted margin is > 0."""
+
+    def __init__(self, art: Artifact, signals: Sequence[str]) -> None:
+        self.manifest = art.manifest
+        self.depth = int(art.manifest["depth"])
+        self.net = _heads(art)["margin"]
+        self.features = _OnlineFeatures(signals, int(art.manifest["width"]))
+
+    def margin(self, z: np.ndarray) -> float:
+        """Predicted margin (manifest ``margin_units``) for one state vector z."""
+        return float(self.net(z))
+
+    def decide(self, z: np.ndarray) -> bool:
+        return bool(self.net(z) > 0.0)
+
+    def __call__(self, ctx: StepContext) -> bool:
+        if ctx.depth != self.depth:
+            raise ManifestError(
+                f"scheduler was trained for D = {self.depth}, the decoder runs D = {ctx.depth}"
+            )
+        return self.decide(self.features(ctx))
+
+
+class ValuePlanner:
+    """The ablation: plan online with the value system (exhaustive suffix search), no student."""
+
+    def __init__(self, art: Artifact, signals: Sequence[str]) -> None:
+        self.manifest = art.manifest
+        self.depth = int(art.manifest["depth"])
+        heads = _heads(art)
+        self.heads = [heads[h] for h in HEADS]
+        self.features = _OnlineFeatures(signals, int(art.manifest["width"]))
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """(n, 23) value inputs -> (n, 4) predictions in HEADS order, original units."""
+        return np.stack([h(x) for h in self.heads], axis=1)
+
+    def margin(self, z: np.ndarray, step: int) -> float:
+        return float(search_margins(self.predict, np.asarray(z)[None], [step], self.depth).margin[0])
+
+    def __call__(self, ctx: StepContext) -> bool:
+        if ctx.depth != self.depth:
+            raise ManifestError(
+                f"value system was trained for D = {self.depth}, the decoder runs D = {ctx.depth}"
+            )
+        return self.margin(self.features(ctx), ctx.step) > 0.0
+
+
+def _checked(
+    path: Path | str, kind: str, depth: int | None, width: int | None
+) -> tuple[Artifact, tuple[str, ...]]:
+    art = read_artifact(path, kind)
+    signals = check_features(art.manifest, depth, width)
+    want_inputs = [
+        *art.manifest["feature_names"],
+        *(suffix_feature_names(int(art.manifest["depth"])) if kind == "value" else ()),
+    ]
+    if list(art.manifest["input_names"]) != want_inputs:
+        raise ManifestError(f"{path}: input_names {art.manifest['input_names']} differ from {want_inputs}")
+    return art, signals
+
+
+def load_scheduler(path: Path | str, depth: int | None = None, width: int | None = None) -> LearnedScheduler:
+    """Load and validate an exported student (pass the decoder's D and W to check them too)."""
+    art, signals = _checked(path, "student", depth, width)
+    if list(art.manifest["heads"]) != ["margin"]:
+        raise ManifestError(f"{path}: a student has one head 'margin', got {list(art.manifest['heads'])}")
+    return LearnedScheduler(art, signals)
+
+
+def load_value_planner(path: Path | str, depth: int | None = None, width: int | None = None) -> ValuePlanner:
+    """Load and validate an exported value system as a planning policy."""
+    art, signals = _checked(path, "value", depth, width)
+    if list(art.manifest["heads"]) != list(HEADS):
+        raise ManifestError(
+            f"{path}: a value system has heads {list(HEADS)}, got {list(art.manifest['heads'])}"
+        )
+    return ValuePlanner(art, signals)

@@ -1,0 +1,69 @@
+"""Offline evaluation of a scheduling policy on the enumerated trajectories (pure Python/NumPy).
+
+A policy is a boolean per canonical state ("invoke the mid drafter now"). Following it from the
+empty prefix for k = 1..D reaches one of the 2^D schedules of the report; its realised tokens/s is
+read from the trajectories table. The best enumerated schedule is the max over all 2^D.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+StateIndex = Mapping[tuple[str, int, str], int]  # (report_id, step, prefix) -> state_id
+
+
+def walk(decisions: np.ndarray, index: StateIndex, report: str, depth: int) -> str:
+    """The schedule (bits, step 1 first) reached by following per-state decisions."""
+    prefix = ""
+    for k in range(1, depth + 1):
+        prefix += "1" if decisions[index[report, k, prefix]] else "0"
+    return prefix
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    schedule: str
+    tok_per_s: float
+
+
+def evaluate(
+    policies: Mapping[str, np.ndarray],
+    fixed: Mapping[str, str],
+    index: StateIndex,
+    throughput: Mapping[tuple[str, str], float],
+    reports: Sequence[str],
+    depth: int,
+) -> dict[str, dict[str, PolicyResult]]:
+    """report -> policy name -> reached schedule and realised tokens/s; adds 'best' (enumerated max)."""
+    out: dict[str, dict[str, PolicyResult]] = {}
+    for report in reports:
+        row = {}
+        scheds = {s: t for (r, s), t in throughput.items() if r == report}
+        best = max(scheds, key=lambda s: (scheds[s], s))
+        row["best"] = PolicyResult(best, scheds[best])
+        for name, decisions in policies.items():
+            s = walk(decisions, index, report, depth)
+            row[name] = PolicyResult(s, scheds[s])
+        for name, s in fixed.items():
+            row[name] = PolicyResult(s, scheds[s])
+        out[report] = row
+    return out
+
+
+def summary(results: Mapping[str, Mapping[str, PolicyResult]]) -> dict[str, dict[str, float]]:
+    """Per policy: mean tokens/s over reports, mean per-report % of best, and % of the best's mean."""
+    names = list(next(iter(results.values())))
+    best_mean = float(np.mean([r["best"].tok_per_s for r in results.values()]))
+    out = {}
+    for name in names:
+        tps = np.array([r[name].tok_per_s for r in results.values()])
+        ratio = np.array([r[name].tok_per_s / r["best"].tok_per_s for r in results.values()])
+        out[name] = {
+            "mean_tok_per_s": float(tps.mean()),
+            "mean_pct_of_best": float(100 * ratio.mean()),
+            "pct_of_best_mean": float(100 * tps.mean() / best_mean),
+        }
+    return out

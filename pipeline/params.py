@@ -1,0 +1,375 @@
+"""params.yaml -> frozen typed dataclasses; the only home of defaults.
+
+Contract: :func:`load_params` reads ``params.yaml``, deep-merges an optional profile overlay
+``profiles/<name>.yaml`` on top (mappings merge key by key, anything else is replaced), and builds
+:class:`Params`. Unknown keys, missing keys and wrong types raise :class:`ParamsError` naming the
+dotted key. A later stage adds a section by writing one frozen dataclass and adding one field to
+:class:`Params` (and the section to params.yaml); the generic parser needs no change.
+
+Profiles: ``smoke`` (tiny sizes for tests and CI) and ``real-pair`` (opt-in real checkpoint pair).
+Select one with ``--profile`` on any stage CLI or the ``TREEGRAFT_PROFILE`` environment variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from decoder.config import TreeConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE_ENV = "TREEGRAFT_PROFILE"
+T = TypeVar("T")
+
+
+class ParamsError(ValueError):
+    """params.yaml (or a profile) does not match the declared sections."""
+
+
+@dataclass(frozen=True)
+class DataParams:
+    out_dir: str
+    seed: int
+    n_questions: int
+    datasets: tuple[str, ...]
+    stdlib_corpus_chars: int
+    template: str
+
+
+@dataclass(frozen=True)
+class TokenizerParams:
+    vocab_size: int
+    min_frequency: int
+    max_chars: int
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    seq_len: int
+    batch_size: int
+    lr: float
+    warmup_steps: int
+    threads: int
+    corpus_chars: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One zoo model. A mid drafter names its ``teacher`` target; a target leaves it empty.
+
+    ``init_from`` names a trained zoo model of the same width to grow from (progressive
+    stacking, see models/lm_training.grow_model); empty means random initialisation.
+    """
+
+    arch: str
+    layers: int
+    d_model: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    steps: int
+    teacher: str
+    init_from: str
+    distill_prompts: int
+    distill_new_tokens: int
+
+
+@dataclass(frozen=True)
+class ZooParams:
+    out_dir: str
+    seed: int
+    template: str
+    tokenizer: TokenizerParams
+    train: TrainParams
+    models: dict[str, ModelSpec]
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """A target/mid pair by local path; ``{zoo}`` in a path means ``zoo.out_dir``."""
+
+    target: str
+    mid: str
+    dtype: str
+    device: str
+    template: str
+
+
+@dataclass(frozen=True)
+class ChunkedModel:
+    """A GGUF file split over registry packages (see models/real_pair.py)."""
+
+    packages: tuple[str, ...]
+    sha256: str
+    out: str
+
+
+@dataclass(frozen=True)
+class RealPairParams:
+    target: ChunkedModel
+    mid: ChunkedModel
+    dtype: str
+
+
+@dataclass(frozen=True)
+class TreeParams:
+    """Draft-tree settings shared by every stage that decodes (fields of decoder.config.TreeConfig)."""
+
+    depth: int
+    width: int
+    topk: int
+    budget: int
+    extended_grafting: bool
+    grafting: str
+    ngram_max_n: int
+    ngram_max_matches: int
+    ngram_chain_len: int
+    sequential: bool
+
+    def to_config(self) -> TreeConfig:
+
+        return TreeConfig(**dataclasses.asdict(self))
+
+
+@dataclass(frozen=True)
+class ProfileParams:
+    """The ``profile`` stage: one latency profile per pair (see collectors/latency.py)."""
+
+    pairs: tuple[str, ...]
+    out_dir: str
+    context_len: int
+    warmup: int
+    repeats: int
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RayParams:
+    num_cpus: int
+    gpus_per_task: float
+
+
+@dataclass(frozen=True)
+class CollectParams:
+    """The ``collect`` stage: every 2^D schedule per report (pair x dataset x prompt slice)."""
+
+    out_dir: str
+    mode: str  # replay | execute
+    backend: str  # local | ray
+    pairs: tuple[str, ...]
+    datasets: tuple[str, ...]
+    prompt_start: int
+    prompts_per_report: int
+    max_new_tokens: int
+    max_prompt_tokens: int
+    seed: int
+    round_table_stride: int  # replay: all 2^D schedules at every k-th visited round start (0: none)
+    ray: RayParams
+
+
+@dataclass(frozen=True)
+class MlflowParams:
+    """Local MLflow tracking: ``db`` is a SQLite file (relative to the repo), one run per stage."""
+
+    db: str
+    experiment: str
+
+
+@dataclass(frozen=True)
+class CanonicalizeParams:
+    out_dir: str
+    n_folds: int
+
+
+@dataclass(frozen=True)
+class SelectSignalsParams:
+    out_dir: str
+    n_signals: int  # size of the chosen subset
+    sizes: tuple[int, ...]  # subset sizes evaluated and logged (must include n_signals)
+    ridge_alpha: float
+
+
+@dataclass(frozen=True)
+class MlpTrainParams:
+    """Fields of models.training.TrainConfig."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class FitValueParams:
+    out_dir: str
+    hidden: tuple[int, ...]
+    train: MlpTrainParams
+
+
+@dataclass(frozen=True)
+class MarginsParams:
+    out_dir: str
+
+
+@dataclass(frozen=True)
+class DistillParams:
+    out_dir: str
+    margin_source: str  # value | oracle
+    relative: bool  # margin / better branch's tokens/s, so reports of different speed weigh alike
+    hidden: tuple[int, ...]
+    train: MlpTrainParams
+
+
+@dataclass(frozen=True)
+class ExportParams:
+    out_dir: str
+    bench_decisions: int
+
+
+@dataclass(frozen=True)
+class AblationParams:
+    """Component ablations under the fixed schedule (paper: 10101)."""
+
+    schedule: str
+    pairs: tuple[str, ...]
+    datasets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    """The ``evaluate`` stage: end-to-end decoding of every method, fitting and held-out rows."""
+
+    out_dir: str
+    pairs: tuple[str, ...]
+    datasets: tuple[str, ...]
+    held_out_pairs: tuple[str, ...]  # never used by collect (and so never by fitting)
+    held_out_datasets: tuple[str, ...]
+    prompt_start: int  # after the collect slice, so no evaluation prompt was seen in fitting
+    prompts_per_cell: int
+    max_new_tokens: int
+    ablation: AblationParams
+
+
+@dataclass(frozen=True)
+class RuntimeParams:
+    """How the decoding stages (profile, collect, evaluate) use the machine."""
+
+    torch_threads: int  # 1 keeps timings stable on a shared 2-core machine
+
+
+@dataclass(frozen=True)
+class Params:
+    data: DataParams
+    zoo: ZooParams
+    pairs: dict[str, PairSpec]
+    real_pair: RealPairParams
+    tree: TreeParams
+    profile: ProfileParams
+    collect: CollectParams
+    mlflow: MlflowParams
+    canonicalize: CanonicalizeParams
+    select_signals: SelectSignalsParams
+    fit_value: FitValueParams
+    margins: MarginsParams
+    distill: DistillParams
+    export: ExportParams
+    evaluate: EvaluateParams
+    runtime: RuntimeParams
+
+    def pair_paths(self, name: str) -> tuple[Path, Path]:
+        """Resolved (target, mid) paths of a registered pair."""
+        if name not in self.pairs:
+            raise KeyError(f"unknown pair {name!r}; known: {sorted(self.pairs)}")
+        spec = self.pairs[name]
+        zoo = str(resolve(self.zoo.out_dir))
+        return resolve(spec.target.format(zoo=zoo)), resolve(spec.mid.format(zoo=zoo))
+
+
+def resolve(path: str) -> Path:
+    """Relative paths in params are relative to the repository root."""
+    p = Path(path)
+    return p if p.is_absolute() else ROOT / p
+
+
+def _parse(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return parse_section(tp, value, where)
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            raise ParamsError(f"{where}: expected a mapping, got {value!r}")
+        return {str(k): _parse(val_tp, v, f"{where}.{k}") for k, v in value.items()}
+    if origin is tuple:
+        (item_tp, _) = typing.get_args(tp)
+        if not isinstance(value, list | tuple):
+            raise ParamsError(f"{where}: expected a list, got {value!r}")
+        return tuple(_parse(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        raise ParamsError(f"{where}: union types are not supported in params")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ParamsError(f"{where}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def parse_section(cls: type[T], data: Any, where: str) -> T:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown and missing keys."""
+    if not isinstance(data, Mapping):
+        raise ParamsError(f"{where}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(names))
+    missing = [n for n in names if n not in data]
+    if unknown:
+        raise ParamsError(f"{where}: unknown key(s) {unknown}")
+    if missing:
+        raise ParamsError(f"{where}: missing key(s) {missing}")
+    return cls(**{n: _parse(hints[n], data[n], f"{where}.{n}") for n in names})
+
+
+def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; any other overlay value replaces the base value."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_raw(path: Path | str | None = None, profile: str | None = None) -> dict[str, Any]:
+    """The merged YAML mapping (params.yaml plus profile overlay), before validation."""
+    path = Path(path) if path else ROOT / "params.yaml"
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    profile = profile if profile is not None else os.environ.get(PROFILE_ENV) or None
+    if profile:
+        overlay_path = path.parent / "profiles" / f"{profile}.yaml"
+        if not overlay_path.is_file():
+            raise ParamsError(f"profile {profile!r}: {overlay_path} not found")
+        overlay = yaml.safe_load(overlay_path.read_text(encoding="utf-8")) or {}
+        raw = deep_merge(raw, overlay)
+    return raw
+
+
+def load_params(
+    path: Path | str | None = None,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Params:
+    """Load, merge the profile and ``overrides`` (same nesting as the YAML), and validate."""
+    raw = load_raw(path, profile)
+    if overrides:
+        raw = deep_merge(raw, overrides)
+    return parse_section(Params, raw, "params")

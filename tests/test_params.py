@@ -1,0 +1,99 @@
+"""params.yaml and its profiles parse into frozen dataclasses; unknown or missing keys fail."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.params import ROOT, Params, ParamsError, deep_merge, load_params, load_raw
+
+
+@pytest.mark.parametrize("profile", [None, "smoke", "real-pair"])
+def test_every_profile_parses(profile: str | None) -> None:
+    params = load_params(profile=profile)
+    assert isinstance(params, Params)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.data.seed = 1  # type: ignore[misc]
+    for name in params.pairs:
+        target, mid = params.pair_paths(name)
+        assert target.is_absolute() and mid.is_absolute()
+
+
+def test_zoo_has_required_shape() -> None:
+    zoo = load_params().zoo
+    targets = [n for n, s in zoo.models.items() if not s.teacher]
+    mids = [n for n, s in zoo.models.items() if s.teacher]
+    assert len(targets) >= 2 and len(mids) >= 3
+    assert all(zoo.models[m].teacher in targets for m in mids)
+
+
+def test_smoke_profile_shrinks_and_moves_outputs() -> None:
+    base, smoke = load_params(), load_params(profile="smoke")
+    assert smoke.zoo.out_dir != base.zoo.out_dir and smoke.data.out_dir != base.data.out_dir
+    assert set(smoke.zoo.models) == set(base.zoo.models)
+    assert all(smoke.zoo.models[n].steps <= base.zoo.models[n].steps for n in base.zoo.models)
+    assert sum(s.steps for s in smoke.zoo.models.values()) < 100
+    assert smoke.pairs.keys() == base.pairs.keys()
+
+
+def test_real_pair_profile_adds_a_local_path_pair() -> None:
+    real = load_params(profile="real-pair")
+    extra = set(real.pairs) - set(load_params().pairs)
+    assert extra == {"qwen2.5-coder-1.5b-0.5b"}
+    assert real.pairs["qwen2.5-coder-1.5b-0.5b"].template == "chatml"
+
+
+def _write_params(tmp_path: Path, mutate) -> Path:
+    raw = load_raw()
+    mutate(raw)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_unknown_key_is_rejected(tmp_path: Path) -> None:
+    path = _write_params(tmp_path, lambda r: r["zoo"]["train"].update(lr_typo=1.0))
+    with pytest.raises(ParamsError, match=r"params\.zoo\.train: unknown key\(s\) \['lr_typo'\]"):
+        load_params(path)
+
+
+def test_missing_key_is_rejected(tmp_path: Path) -> None:
+    path = _write_params(tmp_path, lambda r: r["data"].pop("seed"))
+    with pytest.raises(ParamsError, match=r"params\.data: missing key\(s\) \['seed'\]"):
+        load_params(path)
+
+
+def test_wrong_type_is_rejected(tmp_path: Path) -> None:
+    path = _write_params(tmp_path, lambda r: r["zoo"]["models"]["mid-s"].update(layers="two"))
+    with pytest.raises(ParamsError, match=r"params\.zoo\.models\.mid-s\.layers: expected int"):
+        load_params(path)
+    path = _write_params(tmp_path, lambda r: r["data"].update(seed=True))
+    with pytest.raises(ParamsError, match="expected int"):
+        load_params(path)
+
+
+def test_unknown_section_and_profile(tmp_path: Path) -> None:
+    path = _write_params(tmp_path, lambda r: r.update(surprise={}))
+    with pytest.raises(ParamsError, match=r"unknown key\(s\) \['surprise'\]"):
+        load_params(path)
+    with pytest.raises(ParamsError, match="profile 'nope'"):
+        load_params(profile="nope")
+
+
+def test_deep_merge_and_overrides() -> None:
+    assert deep_merge({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": 3}, "d": [2]}) == {
+        "a": {"b": 3, "c": 2},
+        "d": [2],
+    }
+    params = load_params(overrides={"zoo": {"out_dir": "/tmp/elsewhere"}})
+    assert params.pair_paths("zoo-s")[0] == Path("/tmp/elsewhere/target-s")
+    with pytest.raises(KeyError, match="unknown pair"):
+        params.pair_paths("nope")
+
+
+def test_dvc_yaml_lists_whole_sections() -> None:
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert stages["data"]["params"] == ["data"] and stages["zoo"]["params"] == ["zoo"]

@@ -1,0 +1,35 @@
+"""The value system has exactly the paper's 45,572 parameters; inputs and suffix encoding; NMAE."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from features.encoding import all_suffixes, encode_suffix, suffix_feature_names
+from features.selection import nmae
+from models.mlp import count_parameters
+from models.value import PAPER_VALUE_PARAMS, ValueSystem, value_param_count
+
+
+def test_value_system_has_45572_parameters():
+    model = ValueSystem(23, (128, 64))
+    assert count_parameters(model) == value_param_count(23, (128, 64)) == PAPER_VALUE_PARAMS == 45_572
+    assert len(model.heads) == 4
+    assert model(__import__("torch").zeros(3, 23)).shape == (3, 4)
+
+
+def test_suffix_encoding():
+    assert len(suffix_feature_names(5)) == 6
+    assert encode_suffix("", 5).tolist() == [0, 0, 0, 0, 0, 0]
+    assert encode_suffix("101", 5).tolist() == [1, 0, 1, 0, 2 / 5, 3 / 5]
+    assert encode_suffix("0", 5).tolist() != encode_suffix("", 5).tolist()  # the length term tells them apart
+    assert all_suffixes(2) == ("00", "10", "01", "11")
+    with pytest.raises(ValueError):
+        encode_suffix("10101", 5)
+
+
+def test_nmae_normalizer_is_the_constant_predictor():
+    y = np.array([1.0, 2.0, 3.0, 6.0])
+    assert nmae(y, np.full(4, y.mean())) == pytest.approx(1.0)
+    assert nmae(y, y) == 0.0
+    assert nmae(y, y + 1) == pytest.approx(1 / np.mean(np.abs(y - y.mean())))

@@ -1,0 +1,152 @@
+"""The model zoo on the smoke profile: trains, is deterministic, shares one tokenizer, and every
+pair loads through the same code path as a real checkpoint (AutoModelForCausalLM by local path)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from collectors.embedded_data import stdlib_files
+from decoder.templates import get_template, render
+from models.lm_training import build_model, grow_model
+from models.tokenizer_training import tokenizer_digest
+from models.zoo import cheapest_equivalent, train_zoo, training_order
+from pipeline.params import ModelSpec, load_params
+
+
+def _real_corpus(data_dir: Path) -> None:
+    """A small corpus of real text without network: stdlib source plus chat-formatted docstrings."""
+    corpus = data_dir / "corpus"
+    corpus.mkdir(parents=True)
+    files = stdlib_files()[:40]
+    code = [p.read_text(encoding="utf-8", errors="replace")[:4000] for p in files]
+    eos = get_template("zoo").eos_text
+    chats = [
+        render("zoo", [f"Explain the module {p.stem}."]) + text[:400] + eos
+        for p, text in zip(files, code, strict=True)
+    ]
+    for name, docs in (("code", code), ("chat", chats)):
+        rows = "".join(json.dumps({"text": d}) + "\n" for d in docs)
+        (corpus / f"{name}.jsonl").write_text(rows, encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def smoke_zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("zoo")
+    _real_corpus(root / "data")
+    params = load_params(profile="smoke", overrides={"zoo": {"out_dir": str(root / "zoo")}})
+    manifest = train_zoo(params.zoo, root / "data", root / "zoo")
+    return root / "zoo", manifest
+
+
+def _weights_digest(path: Path) -> str:
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_every_model_is_saved_as_safetensors(smoke_zoo: tuple[Path, dict]) -> None:
+    out, manifest = smoke_zoo
+    params = load_params(profile="smoke")
+    assert set(manifest["models"]) == set(params.zoo.models)
+    for name in params.zoo.models:
+        assert (out / name / "model.safetensors").is_file()
+        assert not list((out / name).glob("*.bin"))
+    assert json.loads((out / "zoo.json").read_text())["models"].keys() == manifest["models"].keys()
+
+
+def test_all_models_share_one_tokenizer(smoke_zoo: tuple[Path, dict]) -> None:
+    out, manifest = smoke_zoo
+    digests = {tokenizer_digest(out / name) for name in manifest["models"]}
+    assert len(digests) == 1
+    tok = AutoTokenizer.from_pretrained(out / "mid-s", local_files_only=True)
+    assert tok.eos_token == get_template("zoo").eos_text
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert chat == render("zoo", ["hi"])
+
+
+def test_models_reload_like_real_checkpoints(smoke_zoo: tuple[Path, dict]) -> None:
+    out, manifest = smoke_zoo
+    ids = torch.tensor([[1, 2, 3, 4]])
+    for name in manifest["models"]:
+        model = AutoModelForCausalLM.from_pretrained(out / name, local_files_only=True).eval()
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        assert torch.isfinite(logits).all()
+        assert model.config.eos_token_id == AutoTokenizer.from_pretrained(out / name).eos_token_id
+
+
+def test_every_pair_loads_through_the_runtime_loader(smoke_zoo: tuple[Path, dict]) -> None:
+    models = pytest.importorskip("decoder.models")
+    out, _ = smoke_zoo
+    params = load_params(profile="smoke", overrides={"zoo": {"out_dir": str(out)}})
+    for name, spec in params.pairs.items():
+        target, mid = params.pair_paths(name)
+        pair = models.load_pair(target, mid, dtype=spec.dtype, device=spec.device)
+        assert pair.mid is not None and pair.tokenizer is not None
+
+
+def test_mismatched_tokenizer_is_refused(smoke_zoo: tuple[Path, dict], tmp_path: Path) -> None:
+    models = pytest.importorskip("decoder.models")
+    out, _ = smoke_zoo
+    other = tmp_path / "other"
+    AutoModelForCausalLM.from_pretrained(out / "mid-s").save_pretrained(other)
+    tok = AutoTokenizer.from_pretrained(out / "mid-s")
+    tok.add_tokens(["<|not-shared|>"])
+    tok.save_pretrained(other)
+    with pytest.raises(models.TokenizerMismatchError):
+        models.load_pair(out / "target-s", other)
+
+
+@pytest.mark.slow
+def test_training_is_deterministic(smoke_zoo: tuple[Path, dict], tmp_path: Path) -> None:
+    out, manifest = smoke_zoo
+    _real_corpus(tmp_path / "data")
+    params = load_params(profile="smoke")
+    train_zoo(params.zoo, tmp_path / "data", tmp_path / "zoo")
+    for name in manifest["models"]:
+        assert _weights_digest(tmp_path / "zoo" / name) == _weights_digest(out / name)
+
+
+def test_grown_model_computes_the_same_function() -> None:
+    torch.manual_seed(0)
+    small = ModelSpec("qwen3", 2, 32, 2, 1, 64, 1, "", "", 0, 0)
+    big = ModelSpec("qwen3", 5, 32, 2, 1, 64, 1, "", "small", 0, 0)
+    src = build_model(small, 100, 0, 64).eval()
+    grown = grow_model(src, big, 0).eval()
+    ids = torch.randint(0, 100, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(src(input_ids=ids).logits, grown(input_ids=ids).logits, atol=1e-5)
+    with pytest.raises(ValueError, match="keeps width"):
+        grow_model(src, ModelSpec("qwen3", 4, 64, 2, 1, 64, 1, "", "", 0, 0), 0)
+
+
+def test_training_order_respects_dependencies() -> None:
+    spec = load_params().zoo.models
+    order = training_order(spec)
+    for name, s in spec.items():
+        for dep in (s.teacher, s.init_from):
+            if dep:
+                assert order.index(dep) < order.index(name)
+    bad = dict(spec) | {"x": spec["mid-s"].__class__(**{**spec["mid-s"].__dict__, "teacher": "ghost"})}
+    with pytest.raises(ValueError, match="ghost"):
+        training_order(bad)
+
+
+def test_grown_target_matches_its_source_on_disk(smoke_zoo: tuple[Path, dict]) -> None:
+    """With steps: 0 the grown target is its source's function, which distillation relies on."""
+    out, _ = smoke_zoo
+    models = load_params(profile="smoke").zoo.models
+    assert cheapest_equivalent(models, "target-l") == "target-m"
+    assert cheapest_equivalent(models, "target-s") == "target-s"
+    big = AutoModelForCausalLM.from_pretrained(out / "target-l").eval()
+    small = AutoModelForCausalLM.from_pretrained(out / "target-m").eval()
+    assert big.config.num_hidden_layers > small.config.num_hidden_layers
+    ids = torch.randint(0, small.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        assert torch.allclose(big(input_ids=ids).logits, small(input_ids=ids).logits, atol=1e-4)
