@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint bench repro bench-regimes ui clean
+.PHONY: setup test lint bench repro results bench-regimes ui clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ repro: $(STAMP)
 
 bench-regimes: repro
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_regimes.py
+
+# Rewrites the README's results section from the outputs of the last `make repro`.
+results: $(STAMP)
+	$(PY) -m pipeline.readme
 
 # MLflow UI on the local SQLite store, bound to 127.0.0.1 only.
 ui: $(STAMP)
