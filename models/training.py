@@ -21,14 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int
-    batch_size: int
-    lr: float
-    weight_decay: float
-    seed: int
+from models.train_config import TrainConfig
 
 
 @dataclass(frozen=True)

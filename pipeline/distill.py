@@ -30,7 +30,7 @@ from features.schemas import margins_spec, states_spec
 from models.mlp import count_parameters, mlp_arrays
 from models.offline import PolicyResult, evaluate, summary
 from models.student import HEAD, Student, student_param_count
-from models.training import Curve, FitResult, Standardizer, TrainConfig, fit_regressor, predict
+from models.training import Curve, FitResult, Standardizer, fit_regressor, predict
 from pipeline.cli import run_stage
 from pipeline.params import Params, resolve
 from pipeline.select_signals import read_signals
@@ -83,7 +83,7 @@ def _fit(
         lambda: Student(z.shape[1], cfg.hidden),
         xs.apply(z[rows]),
         ys.apply(y[rows, None]),
-        TrainConfig(**vars(cfg.train)),
+        cfg.train,
         logger=logger,
         prefix=prefix,
     )

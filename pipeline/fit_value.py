@@ -24,7 +24,7 @@ from features.schemas import samples_spec, states_spec
 from features.selection import nmae
 from models.margins import HEADS, predicted_throughput
 from models.mlp import count_parameters, mlp_arrays
-from models.training import Curve, FitResult, Standardizer, TrainConfig, fit_regressor, predict
+from models.training import Curve, FitResult, Standardizer, fit_regressor, predict
 from models.value import ValueSystem, value_param_count
 from pipeline.cli import run_stage
 from pipeline.params import Params, resolve
@@ -55,7 +55,7 @@ def _fit(
         lambda: ValueSystem(data.x.shape[1], cfg.hidden),
         xs.apply(data.x[train]),
         ys.apply(data.y[train]),
-        TrainConfig(**vars(cfg.train)),
+        cfg.train,
         val=val_xy,
         logger=logger,
         prefix=prefix,

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import yaml
 
 from decoder.config import TreeConfig
+from models.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE_ENV = "TREEGRAFT_PROFILE"
@@ -198,21 +199,10 @@ class SelectSignalsParams:
 
 
 @dataclass(frozen=True)
-class MlpTrainParams:
-    """Fields of models.training.TrainConfig."""
-
-    epochs: int
-    batch_size: int
-    lr: float
-    weight_decay: float
-    seed: int
-
-
-@dataclass(frozen=True)
 class FitValueParams:
     out_dir: str
     hidden: tuple[int, ...]
-    train: MlpTrainParams
+    train: TrainConfig
 
 
 @dataclass(frozen=True)
@@ -226,7 +216,7 @@ class DistillParams:
     margin_source: str  # value | oracle
     relative: bool  # margin / better branch's tokens/s, so reports of different speed weigh alike
     hidden: tuple[int, ...]
-    train: MlpTrainParams
+    train: TrainConfig
 
 
 @dataclass(frozen=True)
