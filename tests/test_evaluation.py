@@ -1,0 +1,121 @@
+"""The evaluate stage's logic: side-by-side cells, the lossless gate, tables and gains."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import noisy_copy, tiny_model
+
+from collectors import evaluation
+from collectors.eval_report import ablation_table, main_table, student_gains, summary_metrics
+from collectors.evaluation import LosslessError, best_fixed_in_hindsight, evaluate_cell
+from collectors.latency import LatencyProfile
+from collectors.prompts import Question
+from decoder.config import DecodeConfig
+from decoder.generate import GenerationResult
+from decoder.measure import Method
+from decoder.models import make_pair
+from decoder.policies import RuntimeContext
+
+PROFILE = LatencyProfile(
+    pair="tiny",
+    device="cpu",
+    device_name="test",
+    torch_threads=1,
+    torch_version="x",
+    dtype="float32",
+    context_len=64,
+    warmup=0,
+    repeats=1,
+    verify_points=((1, 2.0), (64, 4.0)),
+    mid_points=((1, 1.0), (256, 3.0)),
+    ngram_step_ms=0.05,
+    scheduler_ms=0.005,
+    ar_token_ms=2.0,
+    tree_overhead_ms=0.2,
+)
+
+
+@pytest.fixture(scope="module")
+def cell_inputs():
+    target = tiny_model("qwen3", seed=81)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=82), eos_token_ids=(0,))
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9]]
+    questions = [Question("toy", i, "demo", (f"q{i}",)) for i in range(len(prompts))]
+    return pair, questions, prompts
+
+
+def test_cell_rows_for_every_method(cell_inputs):
+    pair, questions, prompts = cell_inputs
+    config = DecodeConfig(max_new_tokens=16)
+    methods = [Method("all-small", "all-small"), Method("all-mid", "all-mid"), Method("10101", "10101")]
+    cell = evaluate_cell(pair, questions, prompts, methods, config, RuntimeContext(10, 4.0, 1.0), PROFILE)
+    rows = {r["method"]: r for r in cell.rows}
+    assert set(rows) == {"ar", "all-small", "all-mid", "10101"}
+    assert rows["ar"]["speedup"] == pytest.approx(1.0) and rows["ar"]["priced_speedup"] == pytest.approx(1.0)
+    assert rows["all-mid"]["mid_calls_per_step"] == [1.0] * 5 and rows["all-small"]["mid_call_rate"] == 0
+    assert rows["10101"]["mid_calls_per_step"] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert all(r["n_tokens"] == 32 for r in rows.values())
+    answer = cell.answers["10101"][0]
+    assert answer["choices"][0]["new_tokens"] == [16] and answer["question_id"] == 0
+
+
+def test_a_method_that_differs_from_autoregressive_fails_the_cell(cell_inputs, monkeypatch):
+    pair, questions, prompts = cell_inputs
+    real = evaluation.run_side_by_side
+
+    def tampered(*args, **kwargs):
+        results = real(*args, **kwargs)
+        r = results["all-small"][0]
+        results["all-small"][0] = GenerationResult(
+            [*r.new_tokens[:-1], 1], r.rounds, r.prefill_s, r.wall_s, False
+        )
+        return results
+
+    monkeypatch.setattr(evaluation, "run_side_by_side", tampered)
+    with pytest.raises(LosslessError, match="all-small"):
+        evaluate_cell(
+            pair,
+            questions,
+            prompts,
+            [Method("all-small", "all-small")],
+            DecodeConfig(max_new_tokens=8),
+            RuntimeContext(10, 4.0, 1.0),
+            PROFILE,
+        )
+
+
+def test_best_fixed_in_hindsight_is_a_schedule(cell_inputs):
+    pair, _, prompts = cell_inputs
+    best = best_fixed_in_hindsight(pair, prompts, DecodeConfig(max_new_tokens=12), PROFILE)
+    assert len(best) == 5 and set(best) <= {"0", "1"}
+
+
+def _row(pair, dataset, method, speedup, held_pair=False, held_task=False):
+    return {
+        "pair_id": pair,
+        "dataset_id": dataset,
+        "method": method,
+        "speedup": speedup,
+        "priced_speedup": speedup,
+        "mean_accepted_length": 1.0,
+        "mid_pool_mean": 3.0,
+        "historical_pick_share": 0.5,
+        "is_held_out_pair": held_pair,
+        "is_held_out_task": held_task,
+    }
+
+
+def test_gains_tables_and_groups():
+    rows = []
+    for pair, dataset, held, student in (("a", "x", False, 1.2), ("b", "x", True, 0.9)):
+        rows += [
+            _row(pair, dataset, "all-small", 1.0, held),
+            _row(pair, dataset, "all-mid", 0.5, held),
+            _row(pair, dataset, "student", student, held),
+        ]
+    gains = student_gains(rows)
+    assert gains["fitting"] == [pytest.approx(1.2)] and gains["held-out pair"] == [pytest.approx(0.9)]
+    table = main_table(rows)
+    assert "| a | x | fitting |" in table and "+20.0%" in table and "-10.0%" in table
+    assert summary_metrics(rows)["speedup.fitting"]["student_gain_worst"] == pytest.approx(1.2)
+    assert "| a | x | full |" in ablation_table([_row("a", "x", "full", 1.1)])
