@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from conftest import noisy_copy, tiny_model
+from test_latency import linear_profile
 
 from collectors import evaluation
 from collectors.eval_report import ablation_table, main_table, student_gains, summary_metrics
 from collectors.evaluation import LosslessError, best_fixed_in_hindsight, evaluate_cell
-from collectors.latency import LatencyProfile
 from collectors.prompts import Question
 from decoder.config import DecodeConfig
 from decoder.generate import GenerationResult
@@ -16,23 +16,7 @@ from decoder.measure import Method
 from decoder.models import make_pair
 from decoder.policies import RuntimeContext
 
-PROFILE = LatencyProfile(
-    pair="tiny",
-    device="cpu",
-    device_name="test",
-    torch_threads=1,
-    torch_version="x",
-    dtype="float32",
-    context_len=64,
-    warmup=0,
-    repeats=1,
-    verify_points=((1, 2.0), (64, 4.0)),
-    mid_points=((1, 1.0), (256, 3.0)),
-    ngram_step_ms=0.05,
-    scheduler_ms=0.005,
-    ar_token_ms=2.0,
-    tree_overhead_ms=0.2,
-)
+PROFILE = linear_profile()
 
 
 @pytest.fixture(scope="module")
