@@ -16,11 +16,10 @@ from dataclasses import dataclass, replace
 
 from collectors.latency import LatencyProfile, counts_from_round, price_ar, price_round
 from collectors.prompts import Question
-from collectors.records import RoundRecord
 from collectors.replay import Replayer
 from decoder.config import DecodeConfig
 from decoder.generate import GenerationResult
-from decoder.measure import Method, lossless_flags, run_side_by_side
+from decoder.measure import Method, lossless_flags, run_side_by_side, summarise
 from decoder.models import ModelPair
 from decoder.policies import AR, FixedSchedule, RuntimeContext, schedule_bits
 
@@ -44,15 +43,11 @@ def best_fixed_in_hindsight(pair: ModelPair, prompts: list[list[int]], config: D
     for prompt in prompts:
         rep = replayer.replay_prompt(prompt)
         for s in range(len(schedules)):
-            ms[s] += sum(price_round(profile, _fixed(r).counts()) for r in rep.rounds[s])
+            # A fixed schedule makes no decisions at run time: no scheduler cost.
+            ms[s] += sum(price_round(profile, replace(r.counts(), decisions=0)) for r in rep.rounds[s])
             tokens[s] += rep.n_tokens[s]
     best = max(range(len(schedules)), key=lambda s: (tokens[s] / ms[s], -s))
     return FixedSchedule(schedules[best]).text
-
-
-def _fixed(rec: RoundRecord) -> RoundRecord:
-    """A fixed schedule makes no decisions at run time: price it without the scheduler's cost."""
-    return replace(rec, signals=())
 
 
 def priced_ms(result: GenerationResult, profile: LatencyProfile, policy: object) -> float:
@@ -70,27 +65,25 @@ def priced_ms(result: GenerationResult, profile: LatencyProfile, policy: object)
 def method_row(
     name: str, results: list[GenerationResult], ar: list[GenerationResult], profile, policy, depth
 ) -> dict:
-    tokens = sum(len(r.new_tokens) for r in results)
-    wall = sum(r.wall_s for r in results)
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
+    m = summarise(name, results, ar_tps, lossless=True)
     priced = sum(priced_ms(r, profile, policy) for r in results)
     ar_priced = sum(priced_ms(r, profile, AR) for r in ar)
     rounds = [rd for r in results for rd in r.rounds]
-    steps = [st for rd in rounds for st in rd.steps]
-    mid_steps = [st for st in steps if st.used_mid]
+    mid_steps = [st for rd in rounds for st in rd.steps if st.used_mid]
     per_step = [
         sum(rd.steps[k].used_mid for rd in rounds) / len(rounds) if rounds else 0.0 for k in range(depth)
     ]
     return {
         "method": name,
-        "n_tokens": tokens,
-        "wall_s": wall,
-        "tokens_per_s": tokens / wall,
-        "speedup": tokens / wall / ar_tps,
-        "priced_tokens_per_s": 1e3 * tokens / priced,
+        "n_tokens": m.n_tokens,
+        "wall_s": m.wall_s,
+        "tokens_per_s": m.tokens_per_s,
+        "speedup": m.speedup_vs_ar,
+        "priced_tokens_per_s": 1e3 * m.n_tokens / priced,
         "priced_speedup": ar_priced / priced,
-        "mean_accepted_length": sum(rd.accepted for rd in rounds) / len(rounds) if rounds else 0.0,
-        "mid_call_rate": len(mid_steps) / len(steps) if steps else 0.0,
+        "mean_accepted_length": m.mean_accepted_length,
+        "mid_call_rate": m.mid_call_rate,
         "mid_calls_per_step": per_step,
         "mid_pool_mean": sum(s.pool_size for s in mid_steps) / len(mid_steps) if mid_steps else 0.0,
         "historical_pick_share": (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.latency import LatencyProfile, load_profile
-from collectors.prompts import encode_prompts, load_questions
+from collectors.prompts import Question, encode_prompts, load_questions
 from collectors.report import ReportSpec, check_out_dir, collect_report, specs_for, write_report
 from decoder.config import DecodeConfig
 from pipeline.params import Params, resolve
@@ -77,6 +77,11 @@ def profile_for(params: Params, pair: str) -> LatencyProfile:
 
 
 def report_prompts(params: Params, spec: ReportSpec, tokenizer) -> list[list[int]]:
+    return report_questions(params, spec, tokenizer)[1]
+
+
+def report_questions(params: Params, spec: ReportSpec, tokenizer) -> tuple[list[Question], list[list[int]]]:
+    """The spec's slice of its dataset, and those questions formatted and tokenized for its pair."""
     questions = load_questions(dataset_file(params, spec.dataset_id), spec.dataset_id)
     chosen = questions[spec.prompt_start : spec.prompt_stop]
     if len(chosen) < spec.prompt_stop - spec.prompt_start:
@@ -85,7 +90,7 @@ def report_prompts(params: Params, spec: ReportSpec, tokenizer) -> list[list[int
             f"report needs [{spec.prompt_start}, {spec.prompt_stop})"
         )
     template = params.pairs[spec.pair_id].template
-    return encode_prompts(chosen, tokenizer, template, params.collect.max_prompt_tokens)
+    return chosen, encode_prompts(chosen, tokenizer, template, params.collect.max_prompt_tokens)
 
 
 def run_report(params: Params, spec: ReportSpec, reports_dir: Path, progress: bool = True) -> Path:

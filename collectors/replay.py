@@ -17,7 +17,7 @@ outcomes, with the same stopping rules and the same mid catch-up accounting as e
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from transformers import DynamicCache
 
@@ -127,7 +127,7 @@ class Replayer:
             if full:
                 starts[start] = outcomes  # type: ignore[assignment]
             for s in at.pop(start):
-                nxt = state[s].advance(outcomes[s], start, p0, limit, self.schedules[s])
+                nxt = state[s].advance(outcomes[s], start, limit, self.schedules[s])
                 if nxt is not None:
                     if nxt not in at:
                         at[nxt] = []
@@ -229,13 +229,9 @@ class _Walk:
 
     emitted: int = 0
     mid_committed: int = 0  # committed tokens the mid drafter's cache would hold in execute mode
-    rounds: list[RoundRecord] | None = None
+    rounds: list[RoundRecord] = field(default_factory=list)
 
-    def advance(
-        self, o: BranchOutcome, start: int, p0: int, limit: int, bits: tuple[bool, ...]
-    ) -> int | None:
-        if self.rounds is None:
-            self.rounds = []
+    def advance(self, o: BranchOutcome, start: int, limit: int, bits: tuple[bool, ...]) -> int | None:
         take = min(o.accepted + 1, limit - self.emitted)
         catch_up = 0
         if o.mid_tree_tokens:

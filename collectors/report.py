@@ -17,7 +17,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from collectors.execute import execute_prompt
-from collectors.latency import LatencyProfile, price_round
+from collectors.latency import LatencyProfile, RoundCounts, price_round
 from collectors.records import ReportKey, RoundRecord, bits_text, runtime_for, trajectory_rows
 from collectors.replay import Replayer
 from collectors.schemas import MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
@@ -126,15 +126,7 @@ def _round_rows(key: ReportKey, prompt_id: int, starts: dict, profile: LatencyPr
         ms = [
             price_round(
                 profile,
-                RoundRecord(
-                    o.accepted,
-                    o.accepted + 1,
-                    o.verified_nodes,
-                    o.mid_tree_tokens,
-                    0,
-                    depth - len(o.mid_tree_tokens),
-                    o.signals,
-                ).counts(),
+                RoundCounts(o.verified_nodes, o.mid_tree_tokens, depth - len(o.mid_tree_tokens), depth),
             )
             for o in outcomes
         ]

@@ -7,7 +7,6 @@ measured in this one run. Greedy outputs are checked token-identical to autoregr
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -38,18 +37,8 @@ def policy_name(policy: Policy) -> str:
     return policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
 
 
-def runtime_context(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> RuntimeContext:
-    """Median target-verify and mid-call times (ms) from a short all-mid warm-up decode."""
-    depth = config.tree.depth
-    res = generate(pair, prompt, "all-mid" if pair.mid is not None else "all-small", config)
-    verify = [r.times["verify"] for r in res.rounds] or [0.0]
-    mid = [r.times["mid"] / depth for r in res.rounds if pair.mid is not None] or [0.0]
-    return RuntimeContext(len(prompt), 1e3 * statistics.median(verify), 1e3 * statistics.median(mid))
-
-
-def _summarise(
-    name: str, results: list[GenerationResult], ar_tps: float, lossless: bool
-) -> PolicyMeasurement:
+def summarise(name: str, results: list[GenerationResult], ar_tps: float, lossless: bool) -> PolicyMeasurement:
+    """Totals of one policy's generations; speedup against the given AR tokens/s."""
     n_tokens = sum(len(r.new_tokens) for r in results)
     wall = sum(r.wall_s for r in results)
     rounds = [rd for r in results for rd in r.rounds]
@@ -123,7 +112,7 @@ def measure_policies(
     lossless = lossless_flags(results) if config.temperature == 0 else dict.fromkeys(results, True)
     ar = results[AR]
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
-    return {n: _summarise(n, res, ar_tps, lossless[n]) for n, res in results.items()}
+    return {n: summarise(n, res, ar_tps, lossless[n]) for n, res in results.items()}
 
 
 def format_table(rows: dict[str, PolicyMeasurement]) -> str:

@@ -28,9 +28,9 @@ from collectors.eval_report import (
     summary_metrics,
 )
 from collectors.evaluation import best_fixed_in_hindsight, evaluate_cell
-from collectors.plan import load_registered_pair, profile_for
-from collectors.prompts import encode_prompts, load_questions
+from collectors.plan import load_registered_pair, profile_for, report_questions
 from collectors.records import runtime_for
+from collectors.report import ReportSpec
 from decoder.config import DecodeConfig, Grafting
 from decoder.measure import Method
 from decoder.scheduler import load_scheduler, load_value_planner
@@ -43,13 +43,8 @@ log = logging.getLogger(__name__)
 
 def _cell_inputs(params: Params, pair_id: str, dataset: str, pair):
     cfg = params.evaluate
-    path = resolve(params.data.out_dir) / dataset / "question.jsonl"
-    questions = load_questions(path, dataset)[cfg.prompt_start : cfg.prompt_start + cfg.prompts_per_cell]
-    if len(questions) < cfg.prompts_per_cell:
-        raise ValueError(f"{path}: not enough questions for evaluate.prompt_start + prompts_per_cell")
-    prompts = encode_prompts(
-        questions, pair.tokenizer, params.pairs[pair_id].template, params.collect.max_prompt_tokens
-    )
+    spec = ReportSpec(pair_id, dataset, cfg.prompt_start, cfg.prompt_start + cfg.prompts_per_cell)
+    questions, prompts = report_questions(params, spec, pair.tokenizer)
     profile = profile_for(params, pair_id)
     runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), params.tree.to_config())
     return questions, prompts, profile, runtime
