@@ -1,10 +1,11 @@
 """Zoo spec -> trained tokenizer and models on disk.
 
 Contract: :func:`train_zoo` reads the corpus written by the data stage (``<data>/corpus/*.jsonl``),
-trains one BPE tokenizer, every target (plain LM pretraining) and then every mid drafter
-(distilled from its ``teacher`` target), and writes ``<out>/<model>/`` with ``save_pretrained``
-(safetensors) plus the same tokenizer files in each folder, and ``<out>/zoo.json`` with sizes,
-losses and timings. Deterministic given ``zoo.seed`` and ``train.threads``.
+trains one BPE tokenizer, every target (LM training, from scratch or from another zoo model) and
+then every mid drafter (distilled from its ``teacher`` target), each on its ``corpus`` files, and
+writes ``<out>/<model>/`` with ``save_pretrained`` (safetensors) plus the same tokenizer files in
+each folder, and ``<out>/zoo.json`` with sizes, losses and timings. Deterministic given
+``zoo.seed`` and ``train.threads``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +39,18 @@ from pipeline.params import ModelSpec, ZooParams
 log = logging.getLogger(__name__)
 
 
-def read_corpus(data_dir: Path, max_chars: int, seed: int) -> list[str]:
-    """Documents from every corpus file, shuffled, cut to ``max_chars`` characters in total."""
+def read_corpus(data_dir: Path, max_chars: int, seed: int, names: Sequence[str] = ()) -> list[str]:
+    """Documents from the named corpus files (all when ``names`` is empty), shuffled, cut to
+    ``max_chars`` characters in total."""
     files = sorted((data_dir / "corpus").glob("*.jsonl"))
     if not files:
         raise FileNotFoundError(f"{data_dir / 'corpus'}: no *.jsonl corpus files; run the data stage")
+    if names:
+        unknown = sorted(set(names) - {f.stem for f in files})
+        if unknown:
+            raise FileNotFoundError(f"{data_dir / 'corpus'}: no corpus file(s) {unknown}.jsonl; "
+                                    f"have {[f.stem for f in files]}")  # fmt: skip
+        files = [f for f in files if f.stem in names]
     docs: list[str] = []
     for path in files:
         with path.open(encoding="utf-8") as fh:
@@ -138,6 +147,31 @@ def cheapest_equivalent(models: dict[str, ModelSpec], name: str) -> str:
     return name
 
 
+class _Corpora:
+    """Training tokens and distillation prompts per corpus selection, encoded once each."""
+
+    def __init__(self, data_dir: Path, zoo: ZooParams, tok: PreTrainedTokenizerFast) -> None:
+        self.data_dir, self.zoo, self.tok = data_dir, zoo, tok
+        self.docs: dict[tuple[str, ...], list[str]] = {}
+        self.tokens: dict[tuple[str, ...], np.ndarray] = {}
+
+    def _docs(self, names: tuple[str, ...]) -> list[str]:
+        key = tuple(sorted(names))
+        if key not in self.docs:
+            self.docs[key] = read_corpus(self.data_dir, self.zoo.train.corpus_chars, self.zoo.seed + 1, key)
+        return self.docs[key]
+
+    def tokens_of(self, names: tuple[str, ...]) -> np.ndarray:
+        key = tuple(sorted(names))
+        if key not in self.tokens:
+            encoded = self.tok.backend_tokenizer.encode_batch(self._docs(key), add_special_tokens=False)
+            self.tokens[key] = np.fromiter((t for enc in encoded for t in enc.ids), dtype=np.int32)
+        return self.tokens[key]
+
+    def prompts_of(self, names: tuple[str, ...]) -> torch.Tensor:
+        return chat_prompts(self._docs(names), self.tok, self.zoo.template, 32)
+
+
 def train_zoo(zoo: ZooParams, data_dir: Path, out_dir: Path) -> dict:
     """Train tokenizer, targets, then mids; write everything under ``out_dir``; return manifest."""
     torch.set_num_threads(zoo.train.threads)
@@ -146,18 +180,18 @@ def train_zoo(zoo: ZooParams, data_dir: Path, out_dir: Path) -> dict:
     t_start = time.perf_counter()
     docs = read_corpus(data_dir, zoo.tokenizer.max_chars, zoo.seed)
     tok = train_tokenizer(docs, zoo.tokenizer.vocab_size, zoo.tokenizer.min_frequency, zoo.template)
-    train_docs = read_corpus(data_dir, zoo.train.corpus_chars, zoo.seed + 1)
-    encoded = tok.backend_tokenizer.encode_batch(train_docs, add_special_tokens=False)
-    tokens = np.fromiter((t for enc in encoded for t in enc.ids), dtype=np.int32)
-    prompts = chat_prompts(train_docs, tok, zoo.template, 32)
+    corpora = _Corpora(data_dir, zoo, tok)
+    tokens = corpora.tokens_of(())
     manifest: dict = {"tokenizer_s": time.perf_counter() - t_start, "corpus_tokens": len(tokens),
                       "models": {}}  # fmt: skip
     log.info("tokenizer + corpus: %d tokens, %.1f s", len(tokens), manifest["tokenizer_s"])
     trained: dict[str, PreTrainedModel] = {}
     for i, name in enumerate(order):
         spec, seed = zoo.models[name], zoo.seed * 1000 + i
+        tokens = corpora.tokens_of(spec.corpus)
         if spec.teacher:
             teacher = trained[cheapest_equivalent(zoo.models, spec.teacher)]
+            prompts = corpora.prompts_of(spec.corpus)
             model, info = _train_mid(spec, tokens, zoo, seed, tok, name, teacher, prompts)
         else:
             init = trained[spec.init_from] if spec.init_from else None
@@ -167,7 +201,7 @@ def train_zoo(zoo: ZooParams, data_dir: Path, out_dir: Path) -> dict:
         model.generation_config.pad_token_id = tok.eos_token_id
         model.save_pretrained(path)
         tok.save_pretrained(path)
-        info |= {"params": param_count(model), "teacher": spec.teacher,
+        info |= {"params": param_count(model), "teacher": spec.teacher, "corpus": list(spec.corpus),
                  "tokenizer_sha256": tokenizer_digest(path)}  # fmt: skip
         manifest["models"][name] = info
     manifest["total_s"] = time.perf_counter() - t_start

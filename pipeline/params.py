@@ -67,7 +67,9 @@ class ModelSpec:
     """One zoo model. A mid drafter names its ``teacher`` target; a target leaves it empty.
 
     ``init_from`` names a trained zoo model of the same width to grow from (progressive
-    stacking, see models/lm_training.grow_model); empty means random initialisation.
+    stacking, see models/lm_training.grow_model; same depth = fine-tune a copy); empty means
+    random initialisation. ``corpus`` names the corpus files (``<data>/corpus/<name>.jsonl``) the
+    model trains and distills on; empty means all of them.
     """
 
     arch: str
@@ -81,6 +83,7 @@ class ModelSpec:
     init_from: str
     distill_prompts: int
     distill_new_tokens: int
+    corpus: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from collectors.embedded_data import stdlib_files
 from decoder.templates import get_template, render
 from models.lm_training import build_model, grow_model
 from models.tokenizer_training import tokenizer_digest
-from models.zoo import cheapest_equivalent, train_zoo, training_order
-from pipeline.params import ModelSpec, load_params
+from models.zoo import cheapest_equivalent, read_corpus, train_zoo, training_order
+from pipeline.params import ModelSpec, Params, load_params
 
 
 def _real_corpus(data_dir: Path) -> None:
@@ -35,11 +35,19 @@ def _real_corpus(data_dir: Path) -> None:
         (corpus / f"{name}.jsonl").write_text(rows, encoding="utf-8")
 
 
+# The smoke zoo's chat models train on this corpus's "chat" file only.
+CHAT_ONLY = {"models": {n: {"corpus": ["chat"]} for n in ("target-chat", "mid-chat")}}
+
+
+def _smoke_params(**zoo: object) -> Params:
+    return load_params(profile="smoke", overrides={"zoo": {**CHAT_ONLY, **zoo}})
+
+
 @pytest.fixture(scope="module")
 def smoke_zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("zoo")
     _real_corpus(root / "data")
-    params = load_params(profile="smoke", overrides={"zoo": {"out_dir": str(root / "zoo")}})
+    params = _smoke_params(out_dir=str(root / "zoo"))
     manifest = train_zoo(params.zoo, root / "data", root / "zoo")
     return root / "zoo", manifest
 
@@ -107,7 +115,7 @@ def test_mismatched_tokenizer_is_refused(smoke_zoo: tuple[Path, dict], tmp_path:
 def test_training_is_deterministic(smoke_zoo: tuple[Path, dict], tmp_path: Path) -> None:
     out, manifest = smoke_zoo
     _real_corpus(tmp_path / "data")
-    params = load_params(profile="smoke")
+    params = _smoke_params()
     train_zoo(params.zoo, tmp_path / "data", tmp_path / "zoo")
     for name in manifest["models"]:
         assert _weights_digest(tmp_path / "zoo" / name) == _weights_digest(out / name)
@@ -115,15 +123,15 @@ def test_training_is_deterministic(smoke_zoo: tuple[Path, dict], tmp_path: Path)
 
 def test_grown_model_computes_the_same_function() -> None:
     torch.manual_seed(0)
-    small = ModelSpec("qwen3", 2, 32, 2, 1, 64, 1, "", "", 0, 0)
-    big = ModelSpec("qwen3", 5, 32, 2, 1, 64, 1, "", "small", 0, 0)
+    small = ModelSpec("qwen3", 2, 32, 2, 1, 64, 1, "", "", 0, 0, ())
+    big = ModelSpec("qwen3", 5, 32, 2, 1, 64, 1, "", "small", 0, 0, ())
     src = build_model(small, 100, 0, 64).eval()
     grown = grow_model(src, big, 0).eval()
     ids = torch.randint(0, 100, (2, 12))
     with torch.no_grad():
         assert torch.allclose(src(input_ids=ids).logits, grown(input_ids=ids).logits, atol=1e-5)
     with pytest.raises(ValueError, match="keeps width"):
-        grow_model(src, ModelSpec("qwen3", 4, 64, 2, 1, 64, 1, "", "", 0, 0), 0)
+        grow_model(src, ModelSpec("qwen3", 4, 64, 2, 1, 64, 1, "", "", 0, 0, ()), 0)
 
 
 def test_training_order_respects_dependencies() -> None:
@@ -150,3 +158,23 @@ def test_grown_target_matches_its_source_on_disk(smoke_zoo: tuple[Path, dict]) -
     ids = torch.randint(0, small.config.vocab_size, (1, 16))
     with torch.no_grad():
         assert torch.allclose(big(input_ids=ids).logits, small(input_ids=ids).logits, atol=1e-4)
+
+
+def test_corpus_selection_reads_only_the_named_files(tmp_path: Path) -> None:
+    _real_corpus(tmp_path)
+    chat = read_corpus(tmp_path, 10**9, 0, ("chat",))
+    every = read_corpus(tmp_path, 10**9, 0)
+    assert chat and all(get_template("zoo").assistant_prefix in d for d in chat)
+    assert len(every) == 2 * len(chat) and set(chat) < set(every)
+    with pytest.raises(FileNotFoundError, match=r"no corpus file\(s\) \['news'\]"):
+        read_corpus(tmp_path, 10**9, 0, ("chat", "news"))
+
+
+def test_fine_tuned_target_differs_from_its_source_and_is_recorded(smoke_zoo: tuple[Path, dict]) -> None:
+    """target-chat starts as a copy of target-s and is fine-tuned on the chat file alone."""
+    out, manifest = smoke_zoo
+    assert manifest["models"]["target-chat"]["corpus"] == ["chat"]
+    assert manifest["models"]["target-s"]["corpus"] == []
+    assert _weights_digest(out / "target-chat") != _weights_digest(out / "target-s")
+    models = _smoke_params().zoo.models
+    assert cheapest_equivalent(models, "target-chat-l") == "target-chat"
