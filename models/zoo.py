@@ -148,15 +148,15 @@ def cheapest_equivalent(models: dict[str, ModelSpec], name: str) -> str:
 
 
 class _Corpora:
-    """Training tokens and distillation prompts per corpus selection, encoded once each."""
+    """Training tokens and distillation prompts per corpus selection, each computed once."""
 
     def __init__(self, data_dir: Path, zoo: ZooParams, tok: PreTrainedTokenizerFast) -> None:
         self.data_dir, self.zoo, self.tok = data_dir, zoo, tok
         self.docs: dict[tuple[str, ...], list[str]] = {}
         self.tokens: dict[tuple[str, ...], np.ndarray] = {}
+        self.prompts: dict[tuple[str, ...], torch.Tensor] = {}
 
-    def _docs(self, names: tuple[str, ...]) -> list[str]:
-        key = tuple(sorted(names))
+    def _docs(self, key: tuple[str, ...]) -> list[str]:
         if key not in self.docs:
             self.docs[key] = read_corpus(self.data_dir, self.zoo.train.corpus_chars, self.zoo.seed + 1, key)
         return self.docs[key]
@@ -169,7 +169,10 @@ class _Corpora:
         return self.tokens[key]
 
     def prompts_of(self, names: tuple[str, ...]) -> torch.Tensor:
-        return chat_prompts(self._docs(names), self.tok, self.zoo.template, 32)
+        key = tuple(sorted(names))
+        if key not in self.prompts:
+            self.prompts[key] = chat_prompts(self._docs(key), self.tok, self.zoo.template, 32)
+        return self.prompts[key]
 
 
 def train_zoo(zoo: ZooParams, data_dir: Path, out_dir: Path) -> dict:
