@@ -16,12 +16,12 @@ import time
 import torch
 
 from collectors.execute import execute_prompt
-from collectors.plan import load_registered_pair, report_prompts
+from collectors.plan import load_registered_pair, report_prompts, tree_config
 from collectors.replay import Replayer
 from collectors.report import ReportSpec
+from config.params import load_params
 from decoder.config import DecodeConfig
 from decoder.policies import schedule_bits
-from pipeline.params import load_params
 
 
 def bench_pair(
@@ -30,7 +30,7 @@ def bench_pair(
     """Execute and replay one report side by side; returns (execute s, replay s)."""
     pair = load_registered_pair(params, name)
     prompts = report_prompts(params, ReportSpec(name, dataset, 0, n_prompts), pair.tokenizer)
-    config = DecodeConfig(max_new, 0.0, 0, params.tree.to_config())
+    config = DecodeConfig(max_new, 0.0, 0, tree_config(params.tree))
     schedules = [schedule_bits(s, config.tree.depth) for s in range(2**config.tree.depth)]
     execute_prompt(pair, prompts[0], schedules[-1], DecodeConfig(8, 0.0, 0, config.tree))  # warm-up
 

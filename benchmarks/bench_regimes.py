@@ -29,10 +29,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from collectors.prompts import encode_prompts, load_benchmarks
+from config.params import Params, load_params, resolve
 from decoder.config import DecodeConfig
 from decoder.measure import measure_policies
 from decoder.models import load_pair
-from pipeline.params import Params, load_params, resolve
 
 log = logging.getLogger("bench_regimes")
 POLICIES = ("ar", "all-small", "all-mid")

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from decoder.planning import HEADS, suffix_feature_names
 from decoder.policies import BuildState, RuntimeContext, StepContext
 from decoder.scheduler import build_manifest, load_scheduler, load_value_planner, write_artifact
+from decoder.state import CONTEXT_NAMES, history_names, tree_signals
 from decoder.tree import DraftTree
-from features.encoding import suffix_feature_names
-from features.tree_signals import CONTEXT_NAMES, history_names, tree_signals
-from models.margins import HEADS
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
            "preview_overlap_ratio", "preview_mean_score")  # fmt: skip

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import mean
 
+from collectors.plots import new_figure
+
 MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", "value-planner", "student")
 ABLATIONS = ("full", "no-eg", "overwrite", "cascade")
 
@@ -99,8 +101,6 @@ def ablation_table(rows: list[dict]) -> str:
 
 def speedup_plot(rows: list[dict], path) -> object:
     """Grouped bars: speedup per method, one group per pair (averaged over datasets)."""
-    from pipeline.tracking import new_figure
-
     by_pair: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r["method"] in MAIN_METHODS:
@@ -121,8 +121,6 @@ def speedup_plot(rows: list[dict], path) -> object:
 
 def calls_plot(rows: list[dict], depth: int, path) -> object:
     """The student's mid-call rate at each drafting step, one line per pair."""
-    from pipeline.tracking import new_figure
-
     rates: dict[str, list[list[float]]] = defaultdict(list)
     for r in rows:
         if r["method"] == "student":

@@ -9,7 +9,7 @@ from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import ModelPair
 from decoder.policies import StepContext
-from features.tree_signals import tree_signals
+from decoder.state import tree_signals
 
 
 @dataclass

@@ -7,6 +7,7 @@ does one report end to end and writes it atomically. Both backends (local, Ray) 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +15,16 @@ from pathlib import Path
 from collectors.latency import LatencyProfile, load_profile
 from collectors.prompts import Question, encode_prompts, load_questions
 from collectors.report import ReportSpec, check_out_dir, collect_report, specs_for, write_report
-from decoder.config import DecodeConfig
-from pipeline.params import Params, resolve
+from config.params import Params, TreeParams, resolve
+from decoder.config import DecodeConfig, TreeConfig
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
+
+
+def tree_config(tree: TreeParams) -> TreeConfig:
+    """The decoder's TreeConfig for params.yaml's ``tree`` section (same fields)."""
+    return TreeConfig(**dataclasses.asdict(tree))
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ def run_report(params: Params, spec: ReportSpec, reports_dir: Path, progress: bo
     """Collect one report and write it atomically; returns its folder."""
     pair = load_registered_pair(params, spec.pair_id)
     prompts = report_prompts(params, spec, pair.tokenizer)
-    config = DecodeConfig(params.collect.max_new_tokens, 0.0, params.collect.seed, params.tree.to_config())
+    config = DecodeConfig(params.collect.max_new_tokens, 0.0, params.collect.seed, tree_config(params.tree))
     profile = profile_for(params, spec.pair_id)
     stride = params.collect.round_table_stride
     tables = collect_report(spec, pair, prompts, profile, config, params.collect.mode, progress, stride)

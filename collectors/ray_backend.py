@@ -13,7 +13,7 @@ from pathlib import Path
 
 from collectors.plan import run_report
 from collectors.report import ReportSpec
-from pipeline.params import Params
+from config.params import Params
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from collectors.latency import LatencyProfile, RoundCounts, price_round
 from decoder.config import TreeConfig
 from decoder.policies import RuntimeContext
-from features.tree_signals import (
+from decoder.state import (
     CONTEXT_NAMES,
     SIGNAL_NAMES,
     context_features,

@@ -30,10 +30,10 @@ from decoder.mid import TreeScores
 from decoder.models import ModelPair
 from decoder.ngram import NgramDrafter
 from decoder.policies import BuildState
+from decoder.state import tree_signals
 from decoder.tensors import causal_block, forward_block
 from decoder.tree import ROOT, DraftTree
 from decoder.verify import TargetVerifier, top_logps
-from features.tree_signals import tree_signals
 
 
 @dataclass(frozen=True)

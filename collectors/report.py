@@ -20,11 +20,11 @@ from collectors.execute import execute_prompt
 from collectors.latency import LatencyProfile, RoundCounts, price_round
 from collectors.records import ReportKey, RoundRecord, bits_text, runtime_for, trajectory_rows
 from collectors.replay import Replayer
-from collectors.schemas import MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
-from collectors.tables import SchemaError, TableSpec, read_table, to_table, write_table
 from decoder.config import DecodeConfig
 from decoder.models import ModelPair
 from decoder.policies import schedule_bits
+from features.collect_schemas import MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
+from features.tables import SchemaError, TableSpec, read_table, to_table, write_table
 
 MODES = ("replay", "execute")
 MANIFEST = "manifest.json"

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from decoder.planning import HEADS, search_margins, suffix_feature_names
 from decoder.policies import RuntimeContext, StepContext
-from features.encoding import suffix_feature_names
-from models.margins import HEADS, search_margins
+from decoder.state import SIGNAL_NAMES, context_features, history_features, state_feature_names, tree_signals
 
 SCHEMA_VERSION = "treegraft-mlp/1"
 KINDS = ("student", "value")
@@ -132,15 +132,11 @@ def read_artifact(path: Path | str, kind: str) -> Artifact:
 
 
 def decoder_feature_names(depth: int, signals: Sequence[str]) -> tuple[str, ...]:
-    """The state z this decoder computes online for the given signals (the one feature order)."""
-    from features.tree_signals import CONTEXT_NAMES, SIGNAL_NAMES, history_names
-
-    unknown = [s for s in signals if s not in SIGNAL_NAMES]
-    if unknown:
-        raise ManifestError(
-            f"tree signal(s) {unknown} are not computed by this decoder (known: {SIGNAL_NAMES})"
-        )
-    return (*CONTEXT_NAMES, *history_names(depth), *signals)
+    """The state z this decoder computes online for the given signals (decoder.state's order)."""
+    try:
+        return state_feature_names(depth, signals)
+    except ValueError as err:
+        raise ManifestError(f"{err}: not computed by this decoder") from err
 
 
 def check_features(manifest: dict, depth: int | None, width: int | None) -> tuple[str, ...]:
@@ -203,20 +199,11 @@ class _OnlineFeatures:
 
     def __init__(self, signals: Sequence[str], width: int) -> None:
         self.signals, self.width = tuple(signals), width
-        self.idx: list[int] = []
-        self._fns: tuple | None = None  # bound on first use: features.tree_signals imports the decoder
+        self.idx = [SIGNAL_NAMES.index(s) for s in self.signals]
         self._runtime: RuntimeContext | None = None
         self._context: tuple[float, ...] = ()
 
-    def _bind(self) -> tuple:
-        from features.tree_signals import SIGNAL_NAMES, context_features, history_features, tree_signals
-
-        self.idx = [SIGNAL_NAMES.index(s) for s in self.signals]
-        self._fns = (context_features, history_features, tree_signals)
-        return self._fns
-
     def __call__(self, ctx: StepContext) -> np.ndarray:
-        context_features, history_features, tree_signals = self._fns or self._bind()
         if ctx.runtime is None:
             raise ValueError(
                 "a learned scheduler needs the runtime context: call generate(..., "

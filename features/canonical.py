@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from collectors.schemas import actions_spec
-from collectors.tables import SchemaError
-from features.schemas import candidate_feature_names, samples_spec, states_spec
+from decoder.state import state_feature_names
+from features.collect_schemas import actions_spec
+from features.schemas import samples_spec, states_spec
+from features.tables import SchemaError
 
 StateKey = tuple[str, int, str]  # (report_id, step, prefix)
 
@@ -103,7 +104,7 @@ def canonicalize(actions: pa.Table, depth: int, n_folds: int) -> CanonicalTables
     if actions.schema.names != actions_spec(depth).names:
         raise SchemaError(f"actions table does not match {actions_spec(depth).tag}")
     cols = actions.to_pydict()
-    names = candidate_feature_names(depth)
+    names = state_feature_names(depth)
     keys = [(r, int(k), p) for r, k, p in zip(cols["report_id"], cols["step"], cols["prefix"], strict=True)]
     merged = merge_states(keys, np.column_stack([np.asarray(cols[n], dtype=np.float64) for n in names]))
     check_complete(merged.keys, depth)

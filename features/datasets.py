@@ -2,7 +2,7 @@
 
 - :func:`state_matrix`: z for every canonical state, columns in the given feature order.
 - :func:`value_data`: one row per sample, x = [z of its state, suffix encoding], y (n, 4) in
-  models.margins.HEADS order with the other branch's two heads NaN (masked in training), and
+  decoder.planning.HEADS order with the other branch's two heads NaN (masked in training), and
   y = [A, ln(round latency ms)] for the branch the row took.
 """
 
@@ -14,13 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from features.encoding import value_inputs
-from features.tree_signals import CONTEXT_NAMES, history_names
-
-
-def state_names(depth: int, signals: Sequence[str]) -> tuple[str, ...]:
-    """The state z's feature order: context, history, chosen signals."""
-    return (*CONTEXT_NAMES, *history_names(depth), *signals)
+from decoder.planning import value_inputs
+from decoder.state import state_feature_names
 
 
 def state_matrix(states: pa.Table, names: Sequence[str]) -> np.ndarray:
@@ -42,7 +37,7 @@ class ValueData:
 
 
 def value_data(states: pa.Table, samples: pa.Table, depth: int, signals: Sequence[str]) -> ValueData:
-    z = state_matrix(states, state_names(depth, signals))
+    z = state_matrix(states, state_feature_names(depth, signals))
     sid = column(samples, "state_id").astype(np.int64)
     invoke = column(samples, "is_invoke").astype(bool)
     a = column(samples, "mean_accepted_length").astype(np.float64)

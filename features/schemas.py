@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from collectors.tables import TableSpec
-from features.tree_signals import CONTEXT_NAMES, SIGNAL_NAMES, history_names
+from decoder.state import state_feature_names
+from features.tables import TableSpec
 
 SCHEMA_VERSION = "v1"
 
@@ -29,11 +29,6 @@ _STATE_KEYS = (
 )
 
 
-def candidate_feature_names(depth: int) -> tuple[str, ...]:
-    """Context, history and all 10 candidate signals, in the collectors' column order."""
-    return (*CONTEXT_NAMES, *history_names(depth), *SIGNAL_NAMES)
-
-
 def states_spec(depth: int) -> TableSpec:
     return TableSpec(
         "states",
@@ -41,7 +36,7 @@ def states_spec(depth: int) -> TableSpec:
         (
             *_STATE_KEYS,
             ("n_rows", pa.int32()),
-            *((n, pa.float64()) for n in candidate_feature_names(depth)),
+            *((n, pa.float64()) for n in state_feature_names(depth)),
         ),
     )
 

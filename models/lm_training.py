@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
-from pipeline.params import ModelSpec, TrainParams
+from config.params import ModelSpec, TrainParams
 
 log = logging.getLogger(__name__)
 

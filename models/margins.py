@@ -1,75 +1,18 @@
-"""Margins by exhaustive search over future suffixes, pure NumPy (shared by the margins stage and
-the decoder's value planner, so offline margins and online planning are one piece of code).
+"""Offline margins, pure NumPy: a brute-force test oracle for decoder.planning.search_margins and
+the oracle margins read from the enumerated trajectories.
 
-Throughput convention (one place: :func:`predicted_throughput`): a branch's predicted tokens/s is
-1000 * (A + 1) / exp(log t), with A the predicted mean accepted length (drafted tokens per round,
-+1 for the target's bonus token) and t the predicted round latency in ms. This is the collectors'
-realised convention, tokens/s = 1000 * tokens per round / round latency ms.
-
-A value function maps value-system inputs (n, |z| + D + 1) to (n, 4) predictions in HEADS order,
-in original units. For a state at step k the margin is
-  max over suffixes s of tput(invoke now, s) - max over suffixes s of tput(skip now, s),
-with s ranging over all 2^(D-k) futures. The oracle margin reads the same maxima off the realised
-trajectories instead of predictions.
+The throughput convention and the margin's definition: decoder/planning.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from decoder.planning import BranchSearch, ValueFn, branch_tputs, encode_suffix
 from decoder.policies import schedule_bits
-from features.encoding import all_suffixes, encode_suffix, suffix_matrix
-
-HEADS = ("A_invoke", "logt_invoke", "A_skip", "logt_skip")
-ValueFn = Callable[[np.ndarray], np.ndarray]
-
-
-def predicted_throughput(accepted: np.ndarray, log_latency_ms: np.ndarray) -> np.ndarray:
-    """Tokens/s from accepted length and log round latency (ms); see the module docstring."""
-    return 1000.0 * (np.asarray(accepted) + 1.0) / np.exp(log_latency_ms)
-
-
-@dataclass(frozen=True)
-class BranchSearch:
-    """Per state: best predicted tokens/s when invoking / skipping now, the argmax suffixes, margin."""
-
-    invoke: np.ndarray
-    skip: np.ndarray
-    invoke_suffix: list[str]
-    skip_suffix: list[str]
-
-    @property
-    def margin(self) -> np.ndarray:
-        return self.invoke - self.skip
-
-
-def _branch_tputs(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return predicted_throughput(out[..., 0], out[..., 1]), predicted_throughput(out[..., 2], out[..., 3])
-
-
-def search_margins(value_fn: ValueFn, z: np.ndarray, steps: Sequence[int], depth: int) -> BranchSearch:
-    """Exhaustive suffix search for every state (rows of z at 1-based `steps`), batched per step."""
-    z = np.asarray(z, dtype=np.float64)
-    steps = np.asarray(steps)
-    n = len(z)
-    invoke, skip = np.empty(n), np.empty(n)
-    inv_suf, skip_suf = [""] * n, [""] * n
-    for k in np.unique(steps):
-        idx = np.flatnonzero(steps == k)
-        length = depth - int(k)
-        enc = suffix_matrix(length, depth)
-        x = np.concatenate([np.repeat(z[idx], len(enc), axis=0), np.tile(enc, (len(idx), 1))], axis=1)
-        t_inv, t_skip = _branch_tputs(value_fn(x).reshape(len(idx), len(enc), len(HEADS)))
-        a_inv, a_skip = t_inv.argmax(axis=1), t_skip.argmax(axis=1)
-        invoke[idx] = t_inv[np.arange(len(idx)), a_inv]
-        skip[idx] = t_skip[np.arange(len(idx)), a_skip]
-        names = all_suffixes(length)
-        for j, i in enumerate(idx):
-            inv_suf[i], skip_suf[i] = names[a_inv[j]], names[a_skip[j]]
-    return BranchSearch(invoke, skip, inv_suf, skip_suf)
 
 
 def brute_force_margins(
@@ -85,7 +28,7 @@ def brute_force_margins(
                 continue
             action, suffix = bits[k - 1] == "1", bits[k:]
             out = value_fn(np.concatenate([zi, encode_suffix(suffix, depth)])[None])[0]
-            t_inv, t_skip = _branch_tputs(out)
+            t_inv, t_skip = branch_tputs(out)
             tput = float(t_inv if action else t_skip)
             if tput > best[action][0]:
                 best[action] = (tput, suffix)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from collectors.embedded_data import Source, download
-from pipeline.params import ChunkedModel, load_params, resolve
+from config.params import ChunkedModel, load_params, resolve
 
 log = logging.getLogger(__name__)
 SKIP_SUFFIXES = (".py", ".pyc", ".txt", ".md", ".toml", ".cfg", ".json", "RECORD", "METADATA", "WHEEL")

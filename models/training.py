@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from models.train_config import TrainConfig
+from config.params import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from config.params import ModelSpec, ZooParams
 from decoder.templates import get_template
 from models.lm_training import (
     build_model,
@@ -34,7 +35,6 @@ from models.lm_training import (
     train_loop,
 )
 from models.tokenizer_training import tokenizer_digest, train_tokenizer
-from pipeline.params import ModelSpec, ZooParams
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,14 @@ from collections import Counter
 
 import numpy as np
 
-from collectors.schemas import actions_spec
-from collectors.tables import read_table, write_table
+from collectors.plots import new_figure
+from config.params import Params, resolve
 from features.canonical import canonicalize
+from features.collect_schemas import actions_spec
 from features.schemas import samples_spec, states_spec
+from features.tables import read_table, write_table
 from pipeline.cli import run_stage
-from pipeline.params import Params, resolve
-from pipeline.tracking import log_figure, log_metrics, new_figure, stage_run, write_json
+from pipeline.tracking import log_figure, log_metrics, stage_run, write_json
 
 log = logging.getLogger(__name__)
 

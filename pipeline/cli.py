@@ -6,7 +6,7 @@ import argparse
 import logging
 from collections.abc import Callable
 
-from pipeline.params import Params, load_params
+from config.params import Params, load_params
 
 
 def run_stage(stage: str, main: Callable[[Params], object]) -> None:

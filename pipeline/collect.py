@@ -17,9 +17,9 @@ from tqdm import tqdm
 from collectors.plan import plan_reports, run_report
 from collectors.report import completed_reports, specs_for
 from collectors.summary import summarise
-from collectors.tables import read_table, write_table
+from config.params import Params, resolve
+from features.tables import read_table, write_table
 from pipeline.cli import apply_runtime, run_stage
-from pipeline.params import Params, resolve
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import logging
 
 from collectors.embedded_data import DATASETS, build_embedded
 from collectors.prompts import load_benchmarks
+from config.params import Params, resolve
 from pipeline.cli import run_stage
-from pipeline.params import Params, resolve
 
 log = logging.getLogger(__name__)
 

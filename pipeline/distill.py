@@ -22,17 +22,19 @@ import mlflow
 import numpy as np
 import pyarrow as pa
 
-from collectors.schemas import TRAJECTORIES
-from collectors.tables import read_table
+from collectors.plots import new_figure
+from config.params import Params, resolve
 from decoder.scheduler import build_manifest, write_artifact
-from features.datasets import column, state_matrix, state_names
+from decoder.state import state_feature_names
+from features.collect_schemas import TRAJECTORIES
+from features.datasets import column, state_matrix
 from features.schemas import margins_spec, states_spec
+from features.tables import read_table
 from models.mlp import count_parameters, mlp_arrays
 from models.offline import PolicyResult, evaluate, summary
 from models.student import HEAD, Student, student_param_count
 from models.training import Curve, FitResult, Standardizer, fit_regressor, predict
 from pipeline.cli import run_stage
-from pipeline.params import Params, resolve
 from pipeline.select_signals import read_signals
 from pipeline.tracking import (
     file_sha256,
@@ -40,7 +42,6 @@ from pipeline.tracking import (
     lightning_logger,
     log_figure,
     log_metrics,
-    new_figure,
     stage_run,
     write_csv,
     write_json,
@@ -125,7 +126,7 @@ def main(params: Params) -> dict:
     margins = read_table(resolve(params.margins.out_dir) / "margins.parquet", margins_spec(depth))
     trajectories = read_table(resolve(params.collect.out_dir) / "trajectories.parquet", TRAJECTORIES)
     signals = read_signals(params)
-    names = state_names(depth, signals)
+    names = state_feature_names(depth, signals)
     z = state_matrix(states, names)
     folds = column(states, "fold_id").astype(int)
     tg = targets(margins, cfg.margin_source, cfg.relative)

@@ -28,14 +28,14 @@ from collectors.eval_report import (
     summary_metrics,
 )
 from collectors.evaluation import best_fixed_in_hindsight, evaluate_cell
-from collectors.plan import load_registered_pair, profile_for, report_questions
+from collectors.plan import load_registered_pair, profile_for, report_questions, tree_config
 from collectors.records import runtime_for
 from collectors.report import ReportSpec
+from config.params import Params, resolve
 from decoder.config import DecodeConfig, Grafting
 from decoder.measure import Method
 from decoder.scheduler import load_scheduler, load_value_planner
 from pipeline.cli import apply_runtime, run_stage
-from pipeline.params import Params, resolve
 from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)
@@ -46,12 +46,12 @@ def _cell_inputs(params: Params, pair_id: str, dataset: str, pair):
     spec = ReportSpec(pair_id, dataset, cfg.prompt_start, cfg.prompt_start + cfg.prompts_per_cell)
     questions, prompts = report_questions(params, spec, pair.tokenizer)
     profile = profile_for(params, pair_id)
-    runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), params.tree.to_config())
+    runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), tree_config(params.tree))
     return questions, prompts, profile, runtime
 
 
 def main_methods(params: Params, pair, prompts, profile, config: DecodeConfig) -> list[Method]:
-    tree = params.tree.to_config()
+    tree = tree_config(params.tree)
     export = resolve(params.export.out_dir)
     student = load_scheduler(export / "scheduler.json", tree.depth, tree.width)
     planner = load_value_planner(export / "value_planner.json", tree.depth, tree.width)
@@ -68,7 +68,7 @@ def main_methods(params: Params, pair, prompts, profile, config: DecodeConfig) -
 
 
 def ablation_methods(params: Params) -> list[Method]:
-    tree, schedule = params.tree.to_config(), params.evaluate.ablation.schedule
+    tree, schedule = tree_config(params.tree), params.evaluate.ablation.schedule
     return [
         Method("full", schedule, tree),
         Method("no-eg", schedule, replace(tree, extended_grafting=False)),
@@ -79,7 +79,7 @@ def ablation_methods(params: Params) -> list[Method]:
 
 def _run_cells(params: Params, cells: list[tuple[str, str]], ablation: bool, out: Path) -> list[dict]:
     cfg = params.evaluate
-    config = DecodeConfig(cfg.max_new_tokens, 0.0, params.collect.seed, params.tree.to_config())
+    config = DecodeConfig(cfg.max_new_tokens, 0.0, params.collect.seed, tree_config(params.tree))
     rows = []
     for pair_id, dataset in tqdm(cells, desc="ablations" if ablation else "evaluate", unit="cell"):
         pair = load_registered_pair(params, pair_id)

@@ -20,23 +20,23 @@ import mlflow
 import numpy as np
 import torch
 
-from collectors.tables import read_table
+from collectors.plots import new_figure
+from config.params import Params, resolve
+from decoder.planning import HEADS, value_inputs
 from decoder.scheduler import Artifact, load_scheduler, load_value_planner, read_artifact, write_artifact
-from features.datasets import state_matrix, state_names
-from features.encoding import value_inputs
+from decoder.state import state_feature_names
+from features.datasets import state_matrix
 from features.schemas import states_spec
-from models.margins import HEADS
+from features.tables import read_table
 from models.mlp import load_mlp_arrays
 from models.onnx_export import head_to_onnx, run_onnx
 from models.student import HEAD, Student
 from models.value import ValueSystem
 from pipeline.cli import run_stage
-from pipeline.params import Params, resolve
 from pipeline.tracking import (
     git_revision,
     log_figure,
     log_metrics,
-    new_figure,
     stage_run,
     write_csv,
     write_json,
@@ -99,7 +99,7 @@ def main(params: Params) -> dict:
         scheduler = load_scheduler(out / "scheduler.json", depth, width)
         planner = load_value_planner(out / "value_planner.json", depth, width)
         states = read_table(resolve(params.canonicalize.out_dir) / "states.parquet", states_spec(depth))
-        z = state_matrix(states, state_names(depth, student_art.manifest["signals"]))
+        z = state_matrix(states, state_feature_names(depth, student_art.manifest["signals"]))
         numpy_margin = np.array([scheduler.margin(r) for r in z])
         x = value_inputs(z, ["0" * (depth - 1)] * len(z), depth)
         micros = _time_decisions(scheduler.decide, z, cfg.bench_decisions)

@@ -16,18 +16,19 @@ from pathlib import Path
 import mlflow
 import numpy as np
 
-from collectors.tables import read_table
+from collectors.plots import new_figure
+from config.params import Params, resolve
+from decoder.planning import HEADS, predicted_throughput, suffix_feature_names
 from decoder.scheduler import build_manifest, write_artifact
-from features.datasets import ValueData, state_names, value_data
-from features.encoding import suffix_feature_names
+from decoder.state import state_feature_names
+from features.datasets import ValueData, value_data
 from features.schemas import samples_spec, states_spec
 from features.selection import nmae
-from models.margins import HEADS, predicted_throughput
+from features.tables import read_table
 from models.mlp import count_parameters, mlp_arrays
 from models.training import Curve, FitResult, Standardizer, fit_regressor, predict
 from models.value import ValueSystem, value_param_count
 from pipeline.cli import run_stage
-from pipeline.params import Params, resolve
 from pipeline.select_signals import read_signals
 from pipeline.tracking import (
     file_sha256,
@@ -35,7 +36,6 @@ from pipeline.tracking import (
     lightning_logger,
     log_figure,
     log_metrics,
-    new_figure,
     stage_run,
     write_csv,
     write_json,
@@ -111,7 +111,7 @@ def main(params: Params) -> dict:
     cfg, depth = params.fit_value, params.tree.depth
     src, out = resolve(params.canonicalize.out_dir), resolve(cfg.out_dir)
     signals = read_signals(params)
-    names = state_names(depth, signals)
+    names = state_feature_names(depth, signals)
     states = read_table(src / "states.parquet", states_spec(depth))
     data = value_data(states, read_table(src / "samples.parquet", samples_spec(depth)), depth, signals)
     extra = {

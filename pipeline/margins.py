@@ -16,15 +16,18 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from collectors.tables import read_table, write_table
+from collectors.plots import new_figure
+from config.params import Params, resolve
+from decoder.planning import BranchSearch, ValueFn, search_margins
 from decoder.scheduler import load_value_planner
-from features.datasets import column, state_matrix, state_names
+from decoder.state import state_feature_names
+from features.datasets import column, state_matrix
 from features.schemas import margins_spec, samples_spec, states_spec
-from models.margins import BranchSearch, ValueFn, brute_force_margins, oracle_margins, search_margins
+from features.tables import read_table, write_table
+from models.margins import brute_force_margins, oracle_margins
 from pipeline.cli import run_stage
-from pipeline.params import Params, resolve
 from pipeline.select_signals import read_signals
-from pipeline.tracking import log_figure, log_metrics, new_figure, stage_run, write_csv, write_json
+from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)
 _KEYS = ("report_id", "pair_id", "dataset_id", "state_id", "fold_id", "step", "prefix")
@@ -79,7 +82,7 @@ def main(params: Params) -> dict:
     src, out = resolve(params.canonicalize.out_dir), resolve(params.margins.out_dir)
     states = read_table(src / "states.parquet", states_spec(depth))
     samples = read_table(src / "samples.parquet", samples_spec(depth))
-    z = state_matrix(states, state_names(depth, read_signals(params)))
+    z = state_matrix(states, state_feature_names(depth, read_signals(params)))
     steps, folds = column(states, "step").astype(int), column(states, "fold_id").astype(int)
     with stage_run("margins", params):
         vm = value_margins(params, z, steps, folds.max() + 1)

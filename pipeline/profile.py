@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from collectors.latency import LatencyProfile, save_profile
+from config.params import Params, ProfileParams, resolve
 from pipeline.cli import apply_runtime, run_stage
-from pipeline.params import Params, ProfileParams, resolve
 
 if TYPE_CHECKING:
     from decoder.models import ModelPair

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.params import Params, load_params, resolve
+from config.params import Params, load_params, resolve
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 

@@ -13,15 +13,16 @@ import logging
 import mlflow
 import numpy as np
 
-from collectors.tables import read_table
+from collectors.plots import new_figure
+from config.params import Params, resolve
+from decoder.planning import value_inputs
+from decoder.state import SIGNAL_NAMES, state_feature_names
 from features.datasets import column, state_matrix
-from features.encoding import value_inputs
 from features.schemas import samples_spec, states_spec
 from features.selection import SelectionData, SubsetScore, choose, rank_subsets
-from features.tree_signals import CONTEXT_NAMES, SIGNAL_NAMES, history_names
+from features.tables import read_table
 from pipeline.cli import run_stage
-from pipeline.params import Params, resolve
-from pipeline.tracking import log_figure, log_metrics, new_figure, stage_run, write_csv, write_json
+from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)
 # The public reference student's signals (design note, section 5.3), ranked for comparison.
@@ -41,7 +42,7 @@ def load_selection_data(params: Params) -> SelectionData:
     states = read_table(src / "states.parquet", states_spec(depth))
     samples = read_table(src / "samples.parquet", samples_spec(depth))
     sid = column(samples, "state_id").astype(np.int64)
-    base = state_matrix(states, (*CONTEXT_NAMES, *history_names(depth)))[sid]
+    base = state_matrix(states, state_feature_names(depth, ()))[sid]
     base = value_inputs(base, [str(s) for s in column(samples, "suffix")], depth)
     targets = np.column_stack(
         [column(samples, "mean_accepted_length"), np.log(column(samples, "round_latency_ms"))]

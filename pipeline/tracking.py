@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.params import ROOT, MlflowParams, Params, resolve
+from config.params import ROOT, MlflowParams, Params, resolve
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -91,15 +91,6 @@ def log_metrics(metrics: Mapping[str, Any]) -> None:
     mlflow.log_metrics({k: v for k, v in flat.items() if math.isfinite(v)})
 
 
-def new_figure(width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=(width, height))
-
-
 def log_figure(fig: Any, name: str) -> None:
     """Log a matplotlib figure as a run artifact (plots/<name>) and close it."""
     import matplotlib.pyplot as plt
@@ -145,7 +136,7 @@ def git_revision() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``ui``: serve the MLflow UI of params.yaml's store on 127.0.0.1."""
-    from pipeline.params import load_params
+    from config.params import load_params
 
     args = sys.argv[1:] if argv is None else argv
     if args[:1] != ["ui"]:

@@ -6,8 +6,8 @@ Reads ``data.out_dir/corpus``; writes ``zoo.out_dir/<model>/`` (safetensors + to
 
 from __future__ import annotations
 
+from config.params import Params, resolve
 from pipeline.cli import run_stage
-from pipeline.params import Params, resolve
 
 
 def main(params: Params) -> dict:

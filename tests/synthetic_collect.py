@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from collectors.schemas import TRAJECTORIES, actions_spec
-from collectors.tables import to_table, write_table
 from decoder.policies import schedule_bits
-from features.tree_signals import CONTEXT_NAMES, SIGNAL_NAMES, history_features, history_names
+from decoder.state import CONTEXT_NAMES, SIGNAL_NAMES, history_features, history_names
+from features.collect_schemas import TRAJECTORIES, actions_spec
+from features.tables import to_table, write_table
 
 
 def _outcome(
@@ -52,7 +52,7 @@ def _signals(rng: np.random.Generator, k: int, prefix: tuple[bool, ...], gain: f
 
 
 def synthetic_tables(n_reports: int = 6, depth: int = 5, seed: int = 0) -> tuple[pa.Table, pa.Table]:
-    """(actions, trajectories) with collectors.schemas' specs."""
+    """(actions, trajectories) with features.collect_schemas' specs."""
     rng = np.random.default_rng(seed)
     actions, trajectories = [], []
     for r in range(n_reports):

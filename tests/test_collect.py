@@ -13,12 +13,12 @@ from conftest import noisy_copy, save_pair, tiny_model, train_tokenizer
 
 from collectors.execute import execute_prompt
 from collectors.replay import Replayer
-from collectors.tables import SchemaError
+from config.params import load_params
 from decoder.config import DecodeConfig
 from decoder.models import make_pair
 from decoder.policies import schedule_bits
+from features.tables import SchemaError
 from pipeline import collect
-from pipeline.params import load_params
 
 SCHEDULES = [schedule_bits(s, 5) for s in range(32)]
 
@@ -99,8 +99,8 @@ def test_collect_stage_rows_summary_and_second_run_resumes(workspace):
     params = params_for(workspace)
     metrics = collect.main(params)
     out = Path(params.collect.out_dir)
-    from collectors.schemas import TRAJECTORIES, actions_spec, rounds_spec
-    from collectors.tables import read_table
+    from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
+    from features.tables import read_table
 
     traj = read_table(out / "trajectories.parquet", TRAJECTORIES)
     actions = read_table(out / "actions.parquet", actions_spec(5))
@@ -179,8 +179,8 @@ def test_ray_backend_matches_local(workspace):
     remote = params_for(workspace, name="ray", backend="ray")
     collect.main(local)
     collect.main(remote)
-    from collectors.schemas import TRAJECTORIES
-    from collectors.tables import read_table
+    from features.collect_schemas import TRAJECTORIES
+    from features.tables import read_table
 
     a = read_table(Path(local.collect.out_dir) / "trajectories.parquet", TRAJECTORIES)
     b = read_table(Path(remote.collect.out_dir) / "trajectories.parquet", TRAJECTORIES)

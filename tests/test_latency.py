@@ -30,10 +30,10 @@ from collectors.latency import (
     save_profile,
 )
 from collectors.profiling import measure_profile, random_tree, reference_context
+from config.params import ProfileParams
 from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
-from pipeline.params import ProfileParams
 from pipeline.profile import format_table, run_profile
 
 SIZES = (1, 4, 16)

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from synthetic_collect import write_synthetic_collect
 
-from collectors.tables import read_table
+from config.params import ROOT, Params, load_params
 from decoder.scheduler import load_scheduler, load_value_planner
 from features.schemas import margins_spec, states_spec
-from pipeline.params import ROOT, Params, load_params
+from features.tables import read_table
 
 STAGES = ("canonicalize", "select_signals", "fit_value", "margins", "distill", "export")
 

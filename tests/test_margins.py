@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.margins import brute_force_margins, oracle_margins, predicted_throughput, search_margins
+from decoder.planning import predicted_throughput, search_margins
+from models.margins import brute_force_margins, oracle_margins
 
 
 def random_value_fn(rng: np.random.Generator, n_in: int):

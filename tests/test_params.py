@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.params import ROOT, Params, ParamsError, deep_merge, load_params, load_raw
+from config.params import ROOT, Params, ParamsError, deep_merge, load_params, load_raw, restrict
 
 
 @pytest.mark.parametrize("profile", [None, "smoke", "real-pair"])
@@ -51,6 +51,9 @@ def _write_params(tmp_path: Path, mutate) -> Path:
     mutate(raw)
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
+    (tmp_path / "profiles").mkdir(exist_ok=True)
+    for overlay in (ROOT / "profiles").glob("*.yaml"):
+        (tmp_path / "profiles" / overlay.name).write_text(overlay.read_text())
     return path
 
 
@@ -94,6 +97,27 @@ def test_deep_merge_and_overrides() -> None:
         params.pair_paths("nope")
 
 
-def test_dvc_yaml_lists_whole_sections() -> None:
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    assert stages["data"]["params"] == ["data"] and stages["zoo"]["params"] == ["zoo"]
+def test_params_yaml_names_its_overlay_and_a_run_can_override_it(tmp_path: Path) -> None:
+    assert load_params().overlay == "base"
+    path = _write_params(tmp_path, lambda r: r.update(overlay="smoke"))
+    from_file = load_params(path)
+    assert from_file.overlay == "smoke"
+    assert from_file.zoo == load_params(profile="smoke").zoo
+    assert load_params(path, profile="base").zoo == load_params().zoo
+
+
+def test_an_overlay_cannot_name_another_overlay(tmp_path: Path) -> None:
+    path = _write_params(tmp_path, lambda r: None)
+    (tmp_path / "profiles" / "loop.yaml").write_text("overlay: smoke\n")
+    with pytest.raises(ParamsError, match="cannot set 'overlay'"):
+        load_params(path, profile="loop")
+
+
+def test_restrict_hides_undeclared_sections() -> None:
+    params = restrict(load_params(), "margins", {"tree", "margins"})
+    assert params.tree.depth == 5 and params.margins.out_dir
+    assert params.mlflow.experiment and params.overlay == "base"  # bookkeeping, always readable
+    with pytest.raises(ParamsError, match=r"stage 'margins' reads params\.collect\.seed.*dvc\.yaml"):
+        _ = params.collect.seed
+    with pytest.raises(ParamsError, match="unknown params section"):
+        restrict(load_params(), "margins", {"marginz"})

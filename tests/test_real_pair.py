@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from config.params import load_params
 from models.real_pair import ChecksumError, data_member, join_chunks
-from pipeline.params import load_params
 
 
 def _chunk(path: Path, payload: bytes) -> Path:

@@ -17,6 +17,7 @@ from conftest import noisy_copy, tiny_model
 from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
+from decoder.planning import HEADS, suffix_feature_names
 from decoder.policies import RuntimeContext
 from decoder.scheduler import (
     LearnedScheduler,
@@ -27,9 +28,7 @@ from decoder.scheduler import (
     read_artifact,
     write_artifact,
 )
-from features.encoding import suffix_feature_names
-from features.tree_signals import CONTEXT_NAMES, history_names
-from models.margins import HEADS
+from decoder.state import CONTEXT_NAMES, history_names
 from models.mlp import mlp_arrays
 from models.onnx_export import head_to_onnx, run_onnx
 from models.student import HEAD, Student

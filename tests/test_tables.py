@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from collectors.schemas import TRAJECTORIES, actions_spec
-from collectors.tables import SchemaError, TableSpec, read_table, to_table, write_table
+from features.collect_schemas import TRAJECTORIES, actions_spec
+from features.tables import SchemaError, TableSpec, read_table, to_table, write_table
 
 SPEC = TableSpec(
     "demo", "v1", (("report_id", pa.string()), ("latency_ms", pa.float64()), ("n", pa.list_(pa.int32())))

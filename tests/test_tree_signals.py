@@ -7,8 +7,8 @@ import math
 import pytest
 
 from decoder.policies import BuildState, RuntimeContext
+from decoder.state import SIGNAL_NAMES, context_features, history_features, tree_signals
 from decoder.tree import DraftTree
-from features.tree_signals import SIGNAL_NAMES, context_features, history_features, tree_signals
 
 
 def test_signals_on_a_hand_built_tree():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from features.encoding import all_suffixes, encode_suffix, suffix_feature_names
+from decoder.planning import all_suffixes, encode_suffix, suffix_feature_names
 from features.selection import nmae
 from models.mlp import count_parameters
 from models.value import PAPER_VALUE_PARAMS, ValueSystem, value_param_count

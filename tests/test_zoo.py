@@ -12,11 +12,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from collectors.embedded_data import stdlib_files
+from config.params import ModelSpec, Params, load_params
 from decoder.templates import get_template, render
 from models.lm_training import build_model, grow_model
 from models.tokenizer_training import tokenizer_digest
 from models.zoo import cheapest_equivalent, read_corpus, train_zoo, training_order
-from pipeline.params import ModelSpec, Params, load_params
 
 
 def _real_corpus(data_dir: Path) -> None:

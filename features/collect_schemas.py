@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from collectors.tables import TableSpec
-from features.tree_signals import CONTEXT_NAMES, SIGNAL_NAMES, history_names
+from decoder.state import state_feature_names
+from features.tables import TableSpec
 
 SCHEMA_VERSION = "v1"
 MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
@@ -56,9 +56,7 @@ def actions_spec(depth: int) -> TableSpec:
             ("is_invoke", pa.bool_()),
             ("prefix", pa.string()),
             ("suffix", pa.string()),
-            *((n, pa.float64()) for n in CONTEXT_NAMES),
-            *((n, pa.float64()) for n in history_names(depth)),
-            *((n, pa.float64()) for n in SIGNAL_NAMES),
+            *((n, pa.float64()) for n in state_feature_names(depth)),
             *_OUTCOME,
         ),
     )

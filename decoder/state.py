@@ -1,5 +1,8 @@
 """The online state a scheduler sees before drafting step k (paper section 5.3), pure Python.
 
+The one definition of the state's feature order (:func:`state_feature_names`): the decoder
+computes it online, the collectors record it, the learning stages train on it.
+
 - context (4): log1p(prompt tokens), target verify ms, mid call ms, ln(target ms / mid ms)
 - history (7): k/D, (#mid calls so far)/D, one bit per step j "mid was called at step j" (D = 5)
 - tree signals (10 candidates), measured on the tree before step k:
@@ -39,6 +42,14 @@ SIGNAL_NAMES = (
 
 def history_names(depth: int) -> tuple[str, ...]:
     return ("step_frac", "mid_calls_frac", *(f"called_step_{j}" for j in range(1, depth + 1)))
+
+
+def state_feature_names(depth: int, signals: Sequence[str] = SIGNAL_NAMES) -> tuple[str, ...]:
+    """z's feature order: context, history for D steps, then the given tree signals (default: all)."""
+    unknown = [s for s in signals if s not in SIGNAL_NAMES]
+    if unknown:
+        raise ValueError(f"unknown tree signal(s) {unknown}; known: {SIGNAL_NAMES}")
+    return (*CONTEXT_NAMES, *history_names(depth), *signals)
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -1,19 +1,25 @@
 """params.yaml -> frozen typed dataclasses; the only home of defaults.
 
-Contract: :func:`load_params` reads ``params.yaml``, deep-merges an optional profile overlay
+The bottom layer: imports nothing of the project (see the README's architecture section).
+
+Contract: :func:`load_params` reads ``params.yaml``, deep-merges its overlay
 ``profiles/<name>.yaml`` on top (mappings merge key by key, anything else is replaced), and builds
 :class:`Params`. Unknown keys, missing keys and wrong types raise :class:`ParamsError` naming the
 dotted key. A later stage adds a section by writing one frozen dataclass and adding one field to
 :class:`Params` (and the section to params.yaml); the generic parser needs no change.
 
-Profiles: ``smoke`` (tiny sizes for tests and CI) and ``real-pair`` (opt-in real checkpoint pair).
-Select one with ``--profile`` on any stage CLI or the ``TREEGRAFT_PROFILE`` environment variable.
+Profiles: ``base`` (no changes, the default), ``smoke`` (tiny sizes for tests and CI) and
+``real-pair`` (opt-in real checkpoint pair). params.yaml's ``overlay`` key selects one, so DVC sees
+the choice: ``dvc exp run -S overlay=smoke``. ``--profile`` on a stage CLI overrides it for a run
+outside DVC.
+
+:func:`restrict` gives a stage only the sections its dvc.yaml entry lists: reading any other
+section raises, so a stage cannot depend on a param DVC does not track.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import types
 import typing
 from collections.abc import Mapping
@@ -23,16 +29,24 @@ from typing import Any, TypeVar
 
 import yaml
 
-from decoder.config import TreeConfig
-from models.train_config import TrainConfig
-
 ROOT = Path(__file__).resolve().parent.parent
-PROFILE_ENV = "TREEGRAFT_PROFILE"
+OVERLAY_KEY = "overlay"  # params.yaml names its overlay profiles/<overlay>.yaml (DVC tracks both)
 T = TypeVar("T")
 
 
 class ParamsError(ValueError):
     """params.yaml (or a profile) does not match the declared sections."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Minibatch training settings of a small regressor (see models.training.fit_regressor)."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -137,10 +151,6 @@ class TreeParams:
     ngram_max_matches: int
     ngram_chain_len: int
     sequential: bool
-
-    def to_config(self) -> TreeConfig:
-
-        return TreeConfig(**dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -261,6 +271,7 @@ class RuntimeParams:
 
 @dataclass(frozen=True)
 class Params:
+    overlay: str  # the profiles/<overlay>.yaml merged on top of params.yaml
     data: DataParams
     zoo: ZooParams
     pairs: dict[str, PairSpec]
@@ -343,16 +354,25 @@ def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str,
 
 
 def load_raw(path: Path | str | None = None, profile: str | None = None) -> dict[str, Any]:
-    """The merged YAML mapping (params.yaml plus profile overlay), before validation."""
+    """The merged YAML mapping (params.yaml plus its overlay), before validation.
+
+    The overlay is ``profiles/<name>.yaml`` with ``name`` = ``profile`` if given, else params.yaml's
+    own ``overlay`` key. That key is a DVC param of every stage and the overlay file a dependency
+    (``profiles/${overlay}.yaml`` in dvc.yaml), so ``dvc exp run -S overlay=smoke`` is tracked.
+    """
     path = Path(path) if path else ROOT / "params.yaml"
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    profile = profile if profile is not None else os.environ.get(PROFILE_ENV) or None
-    if profile:
-        overlay_path = path.parent / "profiles" / f"{profile}.yaml"
-        if not overlay_path.is_file():
-            raise ParamsError(f"profile {profile!r}: {overlay_path} not found")
-        overlay = yaml.safe_load(overlay_path.read_text(encoding="utf-8")) or {}
-        raw = deep_merge(raw, overlay)
+    name = profile if profile is not None else raw.get(OVERLAY_KEY)
+    if not isinstance(name, str) or not name:
+        raise ParamsError(f"{path}: {OVERLAY_KEY!r} must name a file in profiles/, got {name!r}")
+    overlay_path = path.parent / "profiles" / f"{name}.yaml"
+    if not overlay_path.is_file():
+        raise ParamsError(f"profile {name!r}: {overlay_path} not found")
+    overlay = yaml.safe_load(overlay_path.read_text(encoding="utf-8")) or {}
+    if OVERLAY_KEY in overlay:
+        raise ParamsError(f"{overlay_path}: an overlay cannot set {OVERLAY_KEY!r}")
+    raw = deep_merge(raw, overlay)
+    raw[OVERLAY_KEY] = name
     return raw
 
 
@@ -366,3 +386,34 @@ def load_params(
     if overrides:
         raw = deep_merge(raw, overrides)
     return parse_section(Params, raw, "params")
+
+
+# Sections every stage may read without listing them in dvc.yaml: the overlay's name (its file is a
+# dependency of every stage) and where MLflow writes (bookkeeping, not an input of any output).
+UNTRACKED_SECTIONS = frozenset({OVERLAY_KEY, "mlflow"})
+
+
+class UndeclaredSection:
+    """Stands in for a section a stage did not declare; any attribute read raises ParamsError."""
+
+    def __init__(self, stage: str, section: str) -> None:
+        self._stage, self._section = stage, section
+
+    def __getattr__(self, attr: str) -> Any:
+        raise ParamsError(
+            f"stage {self._stage!r} reads params.{self._section}.{attr}, but dvc.yaml does not list "
+            f"{self._section!r} in its params: add it there, or DVC will not rerun the stage when it changes"
+        )
+
+    def __repr__(self) -> str:
+        return f"UndeclaredSection({self._section!r})"
+
+
+def restrict(params: Params, stage: str, sections: frozenset[str] | set[str]) -> Params:
+    """``params`` with every section outside ``sections`` (and UNTRACKED_SECTIONS) made unreadable."""
+    names = {f.name for f in dataclasses.fields(Params)}
+    unknown = sorted(set(sections) - names)
+    if unknown:
+        raise ParamsError(f"stage {stage!r} declares unknown params section(s) {unknown}")
+    hidden = names - set(sections) - UNTRACKED_SECTIONS
+    return dataclasses.replace(params, **{n: UndeclaredSection(stage, n) for n in hidden})

@@ -1,0 +1,1 @@
+"""config: the bottom layer, parameters (imports nothing of the project)."""
