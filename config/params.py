@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -394,26 +394,50 @@ UNTRACKED_SECTIONS = frozenset({OVERLAY_KEY, "mlflow"})
 
 
 class UndeclaredSection:
-    """Stands in for a section a stage did not declare; any attribute read raises ParamsError."""
+    """Stands in for a section (or the undeclared keys of one) that a stage did not list.
 
-    def __init__(self, stage: str, section: str) -> None:
-        self._stage, self._section = stage, section
+    ``allowed`` keys of a partly declared section read through to ``inner``; any other attribute
+    read raises ParamsError naming the stage and the dotted key.
+    """
+
+    def __init__(self, stage: str, section: str, inner: Any = None, allowed: frozenset[str] = frozenset()):
+        self._stage, self._section, self._inner, self._allowed = stage, section, inner, allowed
 
     def __getattr__(self, attr: str) -> Any:
+        if attr in self._allowed:
+            return getattr(self._inner, attr)
         raise ParamsError(
             f"stage {self._stage!r} reads params.{self._section}.{attr}, but dvc.yaml does not list "
-            f"{self._section!r} in its params: add it there, or DVC will not rerun the stage when it changes"
+            f"{self._section!r} or {self._section + '.' + attr!r} in its params: add it there, or DVC "
+            "will not rerun the stage when it changes"
         )
 
     def __repr__(self) -> str:
-        return f"UndeclaredSection({self._section!r})"
+        return f"UndeclaredSection({self._section!r}, allowed={sorted(self._allowed)})"
 
 
-def restrict(params: Params, stage: str, sections: frozenset[str] | set[str]) -> Params:
-    """``params`` with every section outside ``sections`` (and UNTRACKED_SECTIONS) made unreadable."""
+def restrict(params: Params, stage: str, declared: Iterable[str]) -> Params:
+    """``params`` as a stage that lists ``declared`` in dvc.yaml sees it.
+
+    An entry is a section (``tree``) or one key of it (``collect.out_dir``). Sections outside the
+    list (and outside UNTRACKED_SECTIONS) become unreadable, partly listed ones expose only their
+    listed keys.
+    """
     names = {f.name for f in dataclasses.fields(Params)}
-    unknown = sorted(set(sections) - names)
-    if unknown:
-        raise ParamsError(f"stage {stage!r} declares unknown params section(s) {unknown}")
-    hidden = names - set(sections) - UNTRACKED_SECTIONS
-    return dataclasses.replace(params, **{n: UndeclaredSection(stage, n) for n in hidden})
+    whole: set[str] = set()
+    keys: dict[str, set[str]] = {}
+    for entry in declared:
+        section, _, key = entry.partition(".")
+        if section not in names:
+            raise ParamsError(f"stage {stage!r} declares unknown params section {section!r}")
+        if key:
+            if "." in key or not hasattr(getattr(params, section), key):
+                raise ParamsError(f"stage {stage!r} declares unknown params key {entry!r}")
+            keys.setdefault(section, set()).add(key)
+        else:
+            whole.add(section)
+    hidden = {
+        n: UndeclaredSection(stage, n, getattr(params, n), frozenset(keys.get(n, ())))
+        for n in names - whole - UNTRACKED_SECTIONS
+    }
+    return dataclasses.replace(params, **hidden)

@@ -19,6 +19,7 @@ from decoder.models import make_pair
 from decoder.policies import schedule_bits
 from features.tables import SchemaError
 from pipeline import collect
+from pipeline.cli import stage_params
 
 SCHEDULES = [schedule_bits(s, 5) for s in range(32)]
 
@@ -76,8 +77,13 @@ def workspace(tmp_path_factory) -> Path:
     save_pair(root / "pair", train_tokenizer(texts, vocab=300), seed=61)
     from pipeline.profile import main as profile_main
 
-    profile_main(params_for(root))
+    profile_main(stage_params("profile", params_for(root)))
     return root
+
+
+def run_collect(params):
+    """The collect stage as DVC runs it: only the params its dvc.yaml entry lists are readable."""
+    return collect.main(stage_params("collect", params))
 
 
 def params_for(root: Path, **collect):
@@ -97,7 +103,7 @@ def params_for(root: Path, **collect):
 
 def test_collect_stage_rows_summary_and_second_run_resumes(workspace):
     params = params_for(workspace)
-    metrics = collect.main(params)
+    metrics = run_collect(params)
     out = Path(params.collect.out_dir)
     from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
     from features.tables import read_table
@@ -111,7 +117,7 @@ def test_collect_stage_rows_summary_and_second_run_resumes(workspace):
     assert sum(rounds.column("is_round_best").to_pylist()) == rounds.num_rows // 32
     assert metrics["n_reports"] == 2 and (out / "summary.md").read_text().count("| tiny__") == 2
     stamps = {p: p.stat().st_mtime_ns for p in (out / "reports").rglob("*.parquet")}
-    collect.main(params)
+    run_collect(params)
     assert stamps == {p: p.stat().st_mtime_ns for p in (out / "reports").rglob("*.parquet")}
 
 
@@ -128,11 +134,11 @@ def test_interrupted_run_resumes_at_the_first_missing_report(workspace, monkeypa
 
     monkeypatch.setattr(collect, "run_report", flaky)
     with pytest.raises(KeyboardInterrupt):
-        collect.main(params)
+        run_collect(params)
     reports = Path(params.collect.out_dir) / "reports"
     assert [p.name for p in reports.iterdir()] == [calls[0]]  # one complete report, nothing half-written
     calls.clear()
-    collect.main(params)
+    run_collect(params)
     assert (len(calls) == 1 and calls[0] != sorted(p.name for p in reports.iterdir())[0]) or len(calls) == 1
     assert len(list(reports.iterdir())) == 2
 
@@ -148,7 +154,7 @@ def test_interrupted_run_resumes_at_the_first_missing_report(workspace, monkeypa
 def test_bad_names_fail_before_any_work(workspace, change, message):
     params = params_for(workspace, name="bad", **change)
     with pytest.raises(ValueError, match=message):
-        collect.main(params)
+        run_collect(params)
     assert not (Path(params.collect.out_dir) / "reports").exists()
 
 
@@ -157,7 +163,7 @@ def test_unsupported_depth(workspace):
                  "collect": {"datasets": ["code"], "pairs": ["zoo-s"]}}  # fmt: skip
     params = load_params(profile="smoke", overrides=overrides)
     with pytest.raises(ValueError, match="depth D=9 is not supported"):
-        collect.main(params)
+        run_collect(params)
 
 
 def test_output_folder_of_another_schema_version_is_refused_untouched(workspace):
@@ -168,7 +174,7 @@ def test_output_folder_of_another_schema_version_is_refused_untouched(workspace)
     manifest.write_text(json.dumps({"report_id": old.name, "schemas": {"trajectories": "trajectories/v0"}}))
     before = manifest.read_bytes()
     with pytest.raises(SchemaError, match="this run writes"):
-        collect.main(params)
+        run_collect(params)
     assert manifest.read_bytes() == before and sorted(p.name for p in old.iterdir()) == ["manifest.json"]
 
 
@@ -177,8 +183,8 @@ def test_ray_backend_matches_local(workspace):
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     local = params_for(workspace, name="local-ray-ref")
     remote = params_for(workspace, name="ray", backend="ray")
-    collect.main(local)
-    collect.main(remote)
+    run_collect(local)
+    run_collect(remote)
     from features.collect_schemas import TRAJECTORIES
     from features.tables import read_table
 

@@ -19,6 +19,7 @@ from config.params import ROOT, Params, load_params
 from decoder.scheduler import load_scheduler, load_value_planner
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
+from pipeline.cli import stage_params
 
 STAGES = ("canonicalize", "select_signals", "fit_value", "margins", "distill", "export")
 
@@ -46,7 +47,7 @@ def run_all(tmp_path_factory) -> tuple[Params, dict[str, dict]]:
     params = load_params(profile="smoke", overrides=overrides)
     import importlib
 
-    results = {s: importlib.import_module(f"pipeline.{s}").main(params) for s in STAGES}
+    results = {s: importlib.import_module(f"pipeline.{s}").main(stage_params(s, params)) for s in STAGES}
     return params, results
 
 

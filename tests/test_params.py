@@ -121,3 +121,12 @@ def test_restrict_hides_undeclared_sections() -> None:
         _ = params.collect.seed
     with pytest.raises(ParamsError, match="unknown params section"):
         restrict(load_params(), "margins", {"marginz"})
+
+
+def test_restrict_exposes_only_the_declared_keys_of_a_section() -> None:
+    params = restrict(load_params(), "canonicalize", ["canonicalize", "collect.out_dir", "tree.depth"])
+    assert params.collect.out_dir == load_params().collect.out_dir and params.tree.depth == 5
+    with pytest.raises(ParamsError, match=r"params\.collect\.seed"):
+        _ = params.collect.seed
+    with pytest.raises(ParamsError, match="unknown params key 'tree.nope'"):
+        restrict(load_params(), "canonicalize", ["tree.nope"])
