@@ -128,5 +128,5 @@ def test_restrict_exposes_only_the_declared_keys_of_a_section() -> None:
     assert params.collect.out_dir == load_params().collect.out_dir and params.tree.depth == 5
     with pytest.raises(ParamsError, match=r"params\.collect\.seed"):
         _ = params.collect.seed
-    with pytest.raises(ParamsError, match="unknown params key 'tree.nope'"):
+    with pytest.raises(ParamsError, match=r"unknown params key 'tree\.nope'"):
         restrict(load_params(), "canonicalize", ["tree.nope"])
