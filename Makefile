@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint bench repro results bench-regimes ui clean
+.PHONY: setup test test-gpu lint bench repro results bench-regimes ui clean
 
 setup: $(STAMP)
 
@@ -13,13 +13,17 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -c "import torch, transformers, hypothesis"
+	$(PY) -m pip install -q -e ".[dev,ray]"
+	$(PY) -c "import torch, transformers, hypothesis, polars, ray"
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# The lossless and numerics checks on CUDA (fp32 and bf16); they skip where no GPU is present.
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -31,8 +35,14 @@ bench: $(STAMP)
 # The whole pipeline on the embedded default (dvc.yaml): data, zoo, profile, collect, the learning
 # stages, export and evaluate. A second run skips every stage in about a second.
 # DVC runs stages with whatever `python` is first on PATH, so the venv goes first.
+# One MLflow parent run per `make repro`: its id reaches every stage's process through
+# TREEGRAFT_PIPELINE_RUN (tracking only, no output depends on it); `end` closes it (FAILED if dvc
+# failed) or removes it when every stage was up to date.
 repro: $(STAMP)
-	PATH="$(abspath $(VENV))/bin:$$PATH" HF_HUB_OFFLINE=1 $(VENV)/bin/dvc repro
+	@run=$$($(PY) -m pipeline.tracking start) || exit 1; \
+	echo "MLflow pipeline run $$run"; \
+	PATH="$(abspath $(VENV))/bin:$$PATH" HF_HUB_OFFLINE=1 TREEGRAFT_PIPELINE_RUN=$$run $(VENV)/bin/dvc repro; \
+	rc=$$?; $(PY) -m pipeline.tracking end $$run $$rc; exit $$rc
 
 bench-regimes: repro
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_regimes.py
@@ -41,7 +51,9 @@ bench-regimes: repro
 results: $(STAMP)
 	$(PY) -m pipeline.readme
 
-# MLflow UI on the local SQLite store, bound to 127.0.0.1 only.
+# MLflow UI on the local SQLite store, bound to 127.0.0.1 only. Prints a link to the experiment and
+# one to the newest pipeline run of each overlay side by side (after e.g. `make repro` and
+# `dvc exp run -S overlay=smoke`).
 ui: $(STAMP)
 	$(PY) -m pipeline.tracking ui
 

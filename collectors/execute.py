@@ -46,6 +46,9 @@ def execute_prompt(
                 signals=tuple(recorder.signals[i * depth : (i + 1) * depth]),
                 # Signal recording is collection overhead, not decoding: leave the scheduler out.
                 measured_ms=1e3 * (sum(r.times.values()) - r.times["scheduler"]),
+                tree_nodes=r.tree_size + 1,
+                small_frontier=sum(s.frontier_size for s in r.steps if not s.used_mid),
+                mid_lag=r.mid_lag,
             )
         )
     return records, len(res.new_tokens)

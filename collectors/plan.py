@@ -1,25 +1,47 @@
 """From params to work: which reports to collect, their prompts, their pair and latency profile.
 
 Contract: `plan_reports` validates every name before any work starts (unknown pair or dataset,
-unsupported D, an output folder of another schema version) and raises a clear error; `run_report`
-does one report end to end and writes it atomically. Both backends (local, Ray) call `run_report`.
+unsupported D, a missing latency profile or model folder) and raises a clear error; it also gives
+each report its resume inputs (`report_inputs`: everything that shapes the report's rows, by value
+or by content digest). `run_report` does one report end to end and writes it atomically with those
+inputs in its manifest. Both backends (local, Ray) call `run_report`.
+
+Digests: a model enters the inputs as `digest_folder` (every file: weights, config, tokenizer;
+cached per process while sizes and mtimes hold), the code as `digest_code` of the project source
+that `collectors.plan` can import (found on the source, lazy imports included), so a change to
+the decoder recollects instead of reusing rows the old code computed.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import json
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from collectors.latency import LatencyProfile, load_profile
 from collectors.prompts import Question, encode_prompts, load_questions
-from collectors.report import ReportSpec, check_out_dir, collect_report, specs_for, write_report
-from config.params import Params, TreeParams, resolve
+from collectors.report import (
+    ReportSpec,
+    collect_report,
+    digest_file,
+    digest_json,
+    schema_inputs,
+    specs_for,
+    write_report,
+)
+from config.params import ROOT, Params, TreeParams, resolve
 from decoder.config import DecodeConfig, TreeConfig
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
+KEY_VERSION = 1  # bump when the meaning of an entry of report_inputs changes
+REPORT_CODE = ("collectors.plan",)  # the modules whose import closure computes a report
+PACKAGES = ("config", "decoder", "features", "collectors", "models", "pipeline")
 
 
 def tree_config(tree: TreeParams) -> TreeConfig:
@@ -31,6 +53,7 @@ def tree_config(tree: TreeParams) -> TreeConfig:
 class Plan:
     reports: tuple[ReportSpec, ...]
     reports_dir: Path
+    inputs: Mapping[str, Mapping[str, object]]  # report_id -> report_inputs (the resume inputs)
 
 
 def dataset_file(params: Params, dataset: str) -> Path:
@@ -53,10 +76,41 @@ def plan_reports(params: Params) -> Plan:
         raise ValueError("collect.prompts_per_report and collect.max_new_tokens must be positive")
     specs_for(params.tree.depth)
     reports_dir = resolve(cfg.out_dir) / "reports"
-    check_out_dir(reports_dir, params.tree.depth)
     stop = cfg.prompt_start + cfg.prompts_per_report
     reports = tuple(ReportSpec(p, d, cfg.prompt_start, stop) for p in cfg.pairs for d in cfg.datasets)
-    return Plan(reports, reports_dir)
+    return Plan(reports, reports_dir, {s.report_id: report_inputs(params, s) for s in reports})
+
+
+def report_inputs(params: Params, spec: ReportSpec) -> dict[str, object]:
+    """Everything that shapes the report's rows, as a flat JSON-able mapping (its key is the resume key).
+
+    Models, profile, prompts and code enter by content digest, the rest by value; paths, backend
+    and output folders do not enter (moving a model or the output keeps the reports valid).
+    """
+    cfg = params.collect
+    target, mid = params.pair_paths(spec.pair_id)
+    pair = params.pairs[spec.pair_id]
+    questions = report_slice(params, spec)
+    inputs = {
+        "key_version": KEY_VERSION,
+        "report_id": spec.report_id,
+        "target": digest_folder(target),
+        "mid": digest_folder(mid),
+        "pair.dtype": pair.dtype,
+        "pair.device": pair.device,
+        "pair.template": pair.template,
+        "profile": digest_json(dataclasses.asdict(profile_for(params, spec.pair_id))),
+        "prompts": digest_json([dataclasses.asdict(q) for q in questions]),
+        **{f"tree.{k}": v for k, v in dataclasses.asdict(params.tree).items()},
+        "collect.mode": cfg.mode,
+        "collect.max_new_tokens": cfg.max_new_tokens,
+        "collect.max_prompt_tokens": cfg.max_prompt_tokens,
+        "collect.seed": cfg.seed,
+        "collect.round_table_stride": cfg.round_table_stride,
+        **schema_inputs(params.tree.depth),
+        "code": digest_code(REPORT_CODE),
+    }
+    return json.loads(json.dumps(inputs))  # as a manifest reads back (tuples become lists)
 
 
 _LOADED: dict[tuple, object] = {}
@@ -86,8 +140,8 @@ def report_prompts(params: Params, spec: ReportSpec, tokenizer) -> list[list[int
     return report_questions(params, spec, tokenizer)[1]
 
 
-def report_questions(params: Params, spec: ReportSpec, tokenizer) -> tuple[list[Question], list[list[int]]]:
-    """The spec's slice of its dataset, and those questions formatted and tokenized for its pair."""
+def report_slice(params: Params, spec: ReportSpec) -> list[Question]:
+    """The spec's slice of its dataset."""
     questions = load_questions(dataset_file(params, spec.dataset_id), spec.dataset_id)
     chosen = questions[spec.prompt_start : spec.prompt_stop]
     if len(chosen) < spec.prompt_stop - spec.prompt_start:
@@ -95,16 +149,95 @@ def report_questions(params: Params, spec: ReportSpec, tokenizer) -> tuple[list[
             f"{spec.dataset_id}: has {len(questions)} questions, "
             f"report needs [{spec.prompt_start}, {spec.prompt_stop})"
         )
+    return chosen
+
+
+def report_questions(params: Params, spec: ReportSpec, tokenizer) -> tuple[list[Question], list[list[int]]]:
+    """The spec's slice of its dataset, and those questions formatted and tokenized for its pair."""
+    chosen = report_slice(params, spec)
     template = params.pairs[spec.pair_id].template
     return chosen, encode_prompts(chosen, tokenizer, template, params.collect.max_prompt_tokens)
 
 
-def run_report(params: Params, spec: ReportSpec, reports_dir: Path, progress: bool = True) -> Path:
-    """Collect one report and write it atomically; returns its folder."""
+def run_report(
+    params: Params,
+    spec: ReportSpec,
+    reports_dir: Path,
+    progress: bool = True,
+    inputs: Mapping[str, object] | None = None,
+) -> Path:
+    """Collect one report and write it atomically with its resume inputs; returns its folder.
+
+    ``inputs`` are `report_inputs(params, spec)` when the caller has them (plan_reports computes
+    them for every report), else computed here.
+    """
+    inputs = report_inputs(params, spec) if inputs is None else inputs
     pair = load_registered_pair(params, spec.pair_id)
     prompts = report_prompts(params, spec, pair.tokenizer)
     config = DecodeConfig(params.collect.max_new_tokens, 0.0, params.collect.seed, tree_config(params.tree))
     profile = profile_for(params, spec.pair_id)
     stride = params.collect.round_table_stride
     tables = collect_report(spec, pair, prompts, profile, config, params.collect.mode, progress, stride)
-    return write_report(reports_dir, spec, tables, params.tree.depth)
+    return write_report(reports_dir, spec, tables, params.tree.depth, inputs)
+
+
+_FOLDERS: dict[tuple, str] = {}
+
+
+def digest_folder(folder: Path) -> str:
+    """sha256 over (relative path, content digest) of every non-hidden file under ``folder``."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: model folder not found")
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+    if not files:
+        raise FileNotFoundError(f"{folder}: model folder holds no files")
+    stamp = (str(folder.resolve()), tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if stamp not in _FOLDERS:
+        entries = [(p.relative_to(folder).as_posix(), digest_file(p)) for p in files]
+        _FOLDERS[stamp] = digest_json(entries)
+    return _FOLDERS[stamp]
+
+
+def _module_file(module: str) -> Path | None:
+    if module.split(".")[0] not in PACKAGES:
+        return None
+    base = ROOT.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imports(source: str) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def source_files(roots: Iterable[str]) -> list[Path]:
+    """The project files the modules ``roots`` can import (package __init__ files included)."""
+    seen: set[Path] = set()
+    todo = list(roots)
+    while todo:
+        parts = todo.pop().split(".")
+        for i in range(1, len(parts) + 1):
+            path = _module_file(".".join(parts[:i]))
+            if path is not None and path not in seen:
+                seen.add(path)
+                todo.extend(_imports(path.read_text(encoding="utf-8")))
+    return sorted(seen)
+
+
+@cache
+def digest_code(roots: tuple[str, ...]) -> str:
+    """One digest of the source the modules ``roots`` can import (cached per process)."""
+    return digest_json([(p.relative_to(ROOT).as_posix(), digest_file(p)) for p in source_files(roots)])

@@ -1,13 +1,26 @@
 """Measuring a pair's LatencyProfile with the decoder's own code paths (the `profile` stage's work).
 
-Contract: every forward runs on top of one fixed reference context of `context_len` cached tokens;
-the cache is cropped back after each timed call, so sizes are the only thing that varies. Timed are
-TargetVerifier.verify on random prefix-closed trees (nodes incl. the root), MidDrafter.rescore +
-top_children over the same trees (tokens forwarded = tree nodes; catch-up tokens are priced alike),
-one single-token target step, all-small RoundBuilder rounds (n-gram step = round / depth), the
-student's MLP shape in NumPy, and times['tree'] of a short real generate(). Each figure is the
-median of `repeats` timings taken with decoder.timing.make_clock (which syncs CUDA) after `warmup`
-discarded ones; forwards of all sizes are interleaved so a noisy machine's drift hits all alike.
+Contract: everything runs on one fixed reference context of `context_len` cached tokens (target,
+mid drafter and n-gram drafter); caches are cropped back before each timed call, so sizes are the
+only thing that varies. First, one real round per fixed schedule (all 2^D; all-small only without
+a mid) is built by the decoder's RoundBuilder on that context. Timed, as the decoder runs them:
+- verify(n): TargetVerifier.verify on the first n nodes of the largest real tree (a prefix of a
+  tree is a tree: parents come before children);
+- mid(n, f): RoundBuilder.mid_step (rescore + pool + top_children + graft) on the first f + n
+  nodes of that tree, its first f nodes fed beforehand (untimed), so the call forwards n;
+- n-gram step: RoundBuilder.small_step on every real state before a small step, grouped by the
+  frontier it expands; a line (fixed + per frontier node) fitted through the groups' medians;
+- decision: a LearnedScheduler of the student's shape (17 -> 64 -> 32 -> 1, random weights) on
+  every real pre-step state: tree signals + history/context features + the NumPy MLP, averaged;
+- mid end: MidDrafter.end_round after a call fed the largest fed count (KV kept for one path);
+- tree(n): DraftTree.prune on the first n nodes plus the n-gram score-row update of a round;
+- AR: one single-token target step.
+Where the grid needs more nodes than the largest real tree has, it is grown at random (no deeper).
+Stability: every repeat runs `samples_per_repeat` passes over all components, each pass in a fresh
+random order (round-robin: a noisy machine's drift hits all alike); a figure is the median over the
+kept repeats of per-repeat medians. Clock (`profile_clock`): on a CPU with one torch thread, the
+thread's CPU time (what the work costs, without the waits another process causes on a shared
+machine); otherwise decoder.timing.make_clock's wall clock (synced on CUDA).
 """
 
 from __future__ import annotations
@@ -16,37 +29,59 @@ import logging
 import platform
 import statistics
 import sys
-import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from collectors.latency import DEFAULT_SIZES, LatencyProfile
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.construct import RoundBuilder
-from decoder.generate import generate
-from decoder.mid import MidDrafter
+from collectors.latency import DEFAULT_MID_FED, DEFAULT_MID_TOKENS, DEFAULT_SIZES, LatencyProfile
+from collectors.profile_rounds import (
+    PreStep,
+    RealRounds,
+    Reference,
+    grown,
+    prefix_tree,
+    real_rounds,
+    reference_context,
+    snapshot,
+    student_like,
+)
+from decoder.config import TreeConfig
 from decoder.models import ModelPair
-from decoder.ngram import NgramDrafter
-from decoder.policies import FixedSchedule
-from decoder.tensors import causal_block, crop_cache, forward_block
-from decoder.timing import make_clock, zero_times
+from decoder.policies import BuildState, RuntimeContext, StepContext
+from decoder.tensors import causal_block, forward_block
+from decoder.timing import make_clock
 from decoder.tree import DraftTree
-from decoder.verify import TargetVerifier, TopLogps
 
 log = logging.getLogger(__name__)
-Key = tuple[str, int]  # (component, size)
+Key = tuple[Any, ...]  # (component, *sizes)
 
 
 @dataclass(frozen=True)
-class _Job:
-    run: Callable[[], object]  # the timed call
-    reset: Callable[[], None]  # untimed: restore the reference context
+class Job:
+    setup: Callable[[], Any]  # untimed: restore the reference state; the result is run's argument
+    run: Callable[[Any], object]  # the timed call
+    units: int = 1  # decisions or steps one run times (the timing is divided by it)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The sizes a profile is measured at."""
+
+    verify: tuple[int, ...]  # tree nodes incl. the root (at most the budget + 1)
+    tree: tuple[int, ...]  # live tree nodes incl. the root
+    mid_tokens: tuple[int, ...]
+    mid_fed: tuple[int, ...]
+
+    @property
+    def max_nodes(self) -> int:
+        mid = max(self.mid_fed) + max(self.mid_tokens) if self.mid_tokens else 1
+        return max(max(self.verify), max(self.tree), mid)
 
 
 def device_name(device: torch.device) -> str:
@@ -61,132 +96,146 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def reference_context(pair: ModelPair, n_tokens: int, seed: int = 0) -> list[int]:
-    """n_tokens ids with the repetition of real text, so n-gram steps find matches: this Python's
-    stdlib source through the pair's tokenizer, or (no tokenizer) phrases from a small random bank."""
-    ids: list[int] = []
-    if pair.tokenizer is not None:
-        for src in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-            text = src.read_text(errors="ignore")
-            ids += [t for t in pair.tokenizer(text)["input_ids"] if t < pair.vocab_size]
-            if len(ids) >= n_tokens:
-                return ids[:n_tokens]
-    rng = np.random.default_rng(seed)
-    bank = rng.integers(1, pair.vocab_size, size=(32, 8))
-    while len(ids) < n_tokens:
-        ids += bank[rng.integers(len(bank))].tolist()
-    return ids[:n_tokens]
+def small_steps_by_frontier(ref: Reference, real: RealRounds) -> dict[int, list[PreStep]]:
+    """The real states before small steps, grouped by the frontier size the step expands."""
+    groups: dict[int, list[PreStep]] = {}
+    for p in real.steps:
+        if not p.invoke:
+            f = ref.builder.small_step(snapshot(p.state), ref.context, p.step).frontier_size
+            groups.setdefault(f, []).append(p)
+    return dict(sorted(groups.items()))
 
 
-def random_tree(n_nodes: int, root: int, vocab: int, rng: np.random.Generator) -> DraftTree:
-    """A random prefix-closed tree of exactly n_nodes nodes, the root included."""
-    tree = DraftTree(root)
-    while len(tree) < n_nodes:
-        tree.add_child(int(rng.integers(len(tree))), int(rng.integers(vocab)), -1.0)
-    return tree
+def fit_small_step(ms: dict[int, float], counts: dict[int, int]) -> tuple[float, float, float]:
+    """(fixed ms, ms per frontier node, mean frontier): least squares through the per-frontier
+    medians weighted by how many real steps had that frontier; both costs kept >= 0."""
+    w = np.array([counts[f] for f in ms], dtype=float)
+    x, y = np.array(list(ms), dtype=float), np.array(list(ms.values()))
+    mean_x, mean_y = float(w @ x / w.sum()), float(w @ y / w.sum())
+    var = float(w @ (x - mean_x) ** 2)
+    slope = max(0.0, float(w @ ((x - mean_x) * (y - mean_y))) / var) if var > 0 else 0.0
+    fixed = mean_y - slope * mean_x
+    if fixed < 0:  # through the origin instead
+        fixed, slope = 0.0, float(w @ (x * y) / (w @ (x * x)))
+    return fixed, slope, mean_x
 
 
-def _median_ms(samples: Sequence[float]) -> float:
-    return 1e3 * statistics.median(samples)
-
-
-def _rewind_mid(mid: MidDrafter, context_len: int) -> None:
-    """Drop this round's tree KV so the mid cache holds exactly the reference context again."""
-    mid.end_round([])
-    crop_cache(mid.cache, context_len)
-    mid.n_committed = context_len
-
-
-def _forward_jobs(
-    pair: ModelPair, context: list[int], trees: dict[int, DraftTree], cfg: TreeConfig
-) -> tuple[dict[Key, _Job], TopLogps]:
-    """Timed model calls on the reference context (all but its last token cached), and its top-m."""
-    n_ctx, root = len(context) - 1, context[-1]
-    verifier = TargetVerifier(pair.target, pair.vocab_size, cfg.topk)
-    top = verifier.prefill(context)
-    rng = np.random.default_rng(0)  # only used by sampling, which the greedy verify never does
-
-    def rewind_target() -> None:
-        crop_cache(verifier.cache, n_ctx)
-
-    jobs = {
-        ("verify", n): _Job(lambda t=t: verifier.verify(t, 0.0, rng), rewind_target)
-        for n, t in trees.items()
-        if n <= max(cfg.budget + 1, min(trees))  # a verified tree never exceeds the budget + root
-    }
-    ar = causal_block([root], n_ctx, n_ctx)
-    jobs["ar", 1] = _Job(
-        lambda: int(forward_block(pair.target, verifier.cache, ar)[-1].argmax()), rewind_target
-    )
-    if pair.mid is None:
-        return jobs, top
-    mid = MidDrafter(pair.mid, pair.vocab_size)
-    mid.rescore(DraftTree(root), context)  # catch up on the context once, untimed
-    _rewind_mid(mid, n_ctx)
-    for n, t in trees.items():
-        frontier = t.live_nodes()[: cfg.width]
-        jobs["mid", n] = _Job(
-            lambda t=t, f=frontier: (mid.rescore(t, context), mid.top_children(f, cfg.topk)),
-            lambda: _rewind_mid(mid, n_ctx),
+def _mid_job(ref: Reference, big: DraftTree, n_new: int, n_fed: int) -> Job:
+    def setup() -> BuildState:
+        ref.rewind_mid()
+        if n_fed:
+            ref.mid.rescore(prefix_tree(big, n_fed), ref.context)  # type: ignore[union-attr]
+        return BuildState(
+            prefix_tree(big, n_fed + n_new), set(range(n_fed)), list(range(n_fed, n_fed + n_new))
         )
-    return jobs, top
+
+    return Job(setup, lambda state: ref.builder.mid_step(state, ref.context, 2))
 
 
-def _interleaved_medians(
-    jobs: dict[Key, _Job], clock: Callable[[], float], warmup: int, repeats: int, desc: str
+def _mid_end_job(ref: Reference, big: DraftTree, n_fed: int) -> Job:
+    """MidDrafter.end_round after a round that fed n_fed nodes, keeping the deepest node's path."""
+    tree = prefix_tree(big, max(1, n_fed))
+    deepest = max(range(len(tree)), key=lambda v: (tree.depths[v], -v))
+
+    def setup() -> list[int]:
+        ref.rewind_mid()
+        ref.mid.rescore(prefix_tree(big, len(tree)), ref.context)  # type: ignore[union-attr]
+        return tree.path(deepest)
+
+    return Job(setup, lambda path: ref.mid.end_round(path))  # type: ignore[union-attr]
+
+
+def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: TreeConfig) -> dict[Key, Job]:
+    """Every timed component of the profile, keyed (component, *sizes)."""
+    rng = np.random.default_rng(0)  # only used by sampling, which the greedy verify never does
+    verifier, ctx = ref.verifier, ref.context
+    jobs: dict[Key, Job] = {}
+    for n in grid.verify:
+        tree = prefix_tree(big, n)
+        jobs["verify", n] = Job(
+            lambda t=tree: (ref.rewind_target(), t)[1], lambda t: verifier.verify(t, 0.0, rng)
+        )
+    ar = causal_block([ctx[-1]], ref.n_ctx, ref.n_ctx)
+    jobs["ar", 1] = Job(
+        ref.rewind_target, lambda _: int(forward_block(ref.verifier.model, verifier.cache, ar)[-1].argmax())
+    )
+    for f, group in small_steps_by_frontier(ref, real).items():
+        jobs["ngram", f] = Job(
+            lambda g=group: [(p.step, snapshot(p.state)) for p in g],
+            lambda states: [ref.builder.small_step(s, ctx, k) for k, s in states],
+            len(group),
+        )
+    student = student_like(cfg.depth, cfg.width, np.random.default_rng(1))
+    runtime = RuntimeContext(len(ctx), 1.0, 1.0)
+    jobs["decision", 0] = Job(
+        lambda: real.steps,
+        lambda steps: [student(StepContext(p.step, cfg.depth, p.history, p.state, runtime)) for p in steps],
+        len(real.steps),
+    )
+    top = ref.top
+    last = max(0, len(top.tokens) - 2)
+    rows = (top.start + last, top.tokens[last:], top.logps[last:])
+    for n in grid.tree:
+        tree = prefix_tree(big, n)
+        jobs["tree", n] = Job(
+            lambda t=tree: t, lambda t: (t.prune(cfg.budget), ref.ngram.cache.set_rows(*rows))
+        )
+    if ref.mid is not None:
+        jobs["mid_end", 0] = _mid_end_job(ref, big, max(grid.mid_fed))
+        for f in grid.mid_fed:
+            for n in grid.mid_tokens:
+                jobs["mid", n, f] = _mid_job(ref, big, n, f)
+    return jobs
+
+
+def profile_clock(device: torch.device) -> tuple[Callable[[], float], str]:
+    """This thread's CPU time on a CPU with one torch thread: all the work runs in this thread, so
+    time the core spends on other processes is not counted (a shared machine's contention does not
+    move the profile). Otherwise the decoder's wall clock (synced on CUDA)."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time, "thread_cpu"
+    return make_clock(device), "wall"
+
+
+def make_grid(sizes: Sequence[int], mid_tokens: Sequence[int], mid_fed: Sequence[int], budget: int) -> Grid:
+    """verify at the sizes up to budget + 1 (at least the smallest), tree at all; no mid_tokens: no mid."""
+    clean = sorted({int(n) for n in sizes})
+    tokens, fed = sorted({int(n) for n in mid_tokens}), sorted({int(n) for n in mid_fed})
+    if not clean or clean[0] < 1 or (tokens and (tokens[0] < 1 or not fed or fed[0] < 0)):
+        raise ValueError(
+            f"bad profile sizes: sizes={list(sizes)}, mid_tokens={list(mid_tokens)}, mid_fed={list(mid_fed)}"
+        )
+    verify = tuple(n for n in clean if n <= budget + 1) or (clean[0],)
+    return Grid(verify, tuple(clean), tuple(tokens), tuple(fed) if tokens else ())
+
+
+def robust_medians(
+    jobs: dict[Key, Job],
+    clock: Callable[[], float],
+    warmup: int,
+    repeats: int,
+    passes: int,
+    seed: int = 0,
+    desc: str = "profile",
 ) -> dict[Key, float]:
-    """Median ms per job; each repeat runs every job once, in the same order."""
-    samples: dict[Key, list[float]] = {key: [] for key in jobs}
+    """ms per job and unit: median over kept repeats of the median of `passes` samples per repeat;
+    every pass runs every job once, in a fresh random order."""
+    keys = list(jobs)
+    rng = np.random.default_rng(seed)
+    kept: dict[Key, list[float]] = {key: [] for key in keys}
     for rep in tqdm(range(warmup + repeats), desc=desc, disable=not sys.stderr.isatty()):
-        for key, job in jobs.items():
-            t0 = clock()
-            job.run()
-            dt = clock() - t0
-            job.reset()
-            if rep >= warmup:
-                samples[key].append(dt)
-    return {key: _median_ms(s) for key, s in samples.items()}
-
-
-def _ngram_step_ms(
-    context: list[int], top: TopLogps, cfg: TreeConfig, clock: Callable[[], float], warmup: int, repeats: int
-) -> float:
-    """Median of (n-gram time of one all-small round) / depth on the reference context."""
-    ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
-    ngram.commit(context)
-    ngram.cache.set_rows(top.start, top.tokens, top.logps)
-    builder = RoundBuilder(cfg, ngram, None, clock)
-    schedule = FixedSchedule((False,) * cfg.depth)
-    steps = []
-    for rep in range(warmup + repeats):
-        times = zero_times()
-        builder.build(context, schedule, times)
+        samples: dict[Key, list[float]] = {key: [] for key in keys}
+        for _ in range(passes):
+            for i in rng.permutation(len(keys)):
+                job = jobs[keys[i]]
+                arg = job.setup()
+                t0 = clock()
+                job.run(arg)
+                samples[keys[i]].append((clock() - t0) / job.units)
         if rep >= warmup:
-            steps.append(times["ngram"] / cfg.depth)
-    return _median_ms(steps)
-
-
-def _scheduler_ms(rng: np.random.Generator, warmup: int, repeats: int, batch: int = 100) -> float:
-    """One decision of the student's shape (17->64->32->1 ReLU, float64), timed in batches."""
-    w1, w2, w3 = rng.normal(size=(17, 64)), rng.normal(size=(64, 32)), rng.normal(size=32)
-    b1, b2, x = rng.normal(size=64), rng.normal(size=32), rng.normal(size=17)
-    samples = []
-    for rep in range(warmup + repeats):
-        t0 = time.perf_counter()  # pure CPU work: no device to sync
-        for _ in range(batch):
-            h = np.maximum(np.maximum(x @ w1 + b1, 0.0) @ w2 + b2, 0.0)
-            bool(h @ w3 > 0.0)
-        if rep >= warmup:
-            samples.append((time.perf_counter() - t0) / batch)
-    return _median_ms(samples)
-
-
-def _tree_overhead_ms(pair: ModelPair, prompt: list[int], cfg: TreeConfig, n_tokens: int) -> float:
-    """Median times['tree'] per round of a short real decode (mid at odd steps when there is a mid)."""
-    policy = "".join("10"[k % 2] for k in range(cfg.depth)) if pair.mid is not None else "all-small"
-    generate(pair, prompt, policy, DecodeConfig(max_new_tokens=min(8, n_tokens), tree=cfg))
-    res = generate(pair, prompt, policy, DecodeConfig(max_new_tokens=n_tokens, tree=cfg))
-    return _median_ms([r.times["tree"] for r in res.rounds])
+            for key in keys:
+                kept[key].append(statistics.median(samples[key]))
+    return {key: 1e3 * statistics.median(v) for key, v in kept.items()}
 
 
 def measure_profile(
@@ -194,51 +243,70 @@ def measure_profile(
     name: str,
     context_len: int = 256,
     sizes: Sequence[int] = DEFAULT_SIZES,
-    warmup: int = 3,
-    repeats: int = 15,
+    warmup: int = 2,
+    repeats: int = 9,
     tree_config: TreeConfig = TreeConfig(),  # noqa: B008 (frozen: a shared default is safe)
-    overhead_tokens: int = 32,
+    mid_tokens: Sequence[int] = DEFAULT_MID_TOKENS,
+    mid_fed: Sequence[int] = DEFAULT_MID_FED,
+    samples_per_repeat: int = 3,
     seed: int = 0,
 ) -> LatencyProfile:
     """Measure a pair's latency profile (what is timed and how: see the module docstring)."""
-    sizes = sorted({int(n) for n in sizes})
-    if context_len < 1 or warmup < 0 or repeats < 1 or overhead_tokens < 1 or not sizes or sizes[0] < 1:
+    cfg = tree_config
+    grid = make_grid(sizes, mid_tokens if pair.mid is not None else (), mid_fed, cfg.budget)
+    if context_len < 1 or warmup < 0 or repeats < 1 or samples_per_repeat < 1:
         raise ValueError(
-            f"bad profile settings: context_len={context_len}, sizes={sizes}, warmup={warmup}, "
-            f"repeats={repeats}, overhead_tokens={overhead_tokens}"
+            f"bad profile settings: context_len={context_len}, warmup={warmup}, repeats={repeats}, "
+            f"samples_per_repeat={samples_per_repeat}"
         )
-    if context_len + 1 + max(sizes[-1], overhead_tokens) > pair.context_len:
+    max_depth = cfg.depth * max(cfg.ngram_chain_len, 1)  # no draft reaches deeper in one round
+    if context_len + 1 + max_depth > pair.context_len:
         raise ValueError(
-            f"context_len {context_len} + tree/overhead tokens exceed the pair's {pair.context_len}"
+            f"context_len {context_len} + a round's tree depth exceed the pair's {pair.context_len}"
         )
-    device, clock, rng = pair.target.device, make_clock(pair.target.device), np.random.default_rng(seed)
-    context = reference_context(pair, context_len + 1, seed)  # its last token is every tree's root
-    trees = {n: random_tree(n, context[-1], pair.vocab_size, rng) for n in sizes}
-    jobs, top = _forward_jobs(pair, context, trees, tree_config)
-    ms = _interleaved_medians(jobs, clock, warmup, repeats, f"profile {name}")
+    device = pair.target.device
+    clock, clock_name = profile_clock(device)
+    ref = Reference(pair, reference_context(pair, context_len + 1, seed), cfg)
+    real = real_rounds(ref, cfg.depth)
+    biggest = max(real.trees, key=len)
+    big = grown(
+        biggest, grid.max_nodes, pair.vocab_size, np.random.default_rng(seed), max(*biggest.depths, cfg.depth)
+    )
+    jobs = _jobs(ref, real, big, grid, cfg)
+    ms = robust_medians(jobs, clock, warmup, repeats, samples_per_repeat, seed, f"profile {name}")
+    ngram = {key[1]: (ms[key], jobs[key].units) for key in jobs if key[0] == "ngram"}
+    small = fit_small_step({f: v[0] for f, v in ngram.items()}, {f: v[1] for f, v in ngram.items()})
     profile = LatencyProfile(
         pair=name,
         device=str(device),
         device_name=device_name(device),
         torch_threads=torch.get_num_threads(),
+        clock=clock_name,
         torch_version=torch.__version__,
         dtype=str(pair.target.dtype).removeprefix("torch."),
         context_len=context_len,
         warmup=warmup,
         repeats=repeats,
-        verify_points=tuple((n, ms["verify", n]) for n in sizes if ("verify", n) in ms),
-        mid_points=tuple((n, ms["mid", n]) for n in sizes) if pair.mid is not None else (),
-        ngram_step_ms=_ngram_step_ms(context, top, tree_config, clock, warmup, repeats),
-        scheduler_ms=_scheduler_ms(rng, warmup, repeats),
+        samples_per_repeat=samples_per_repeat,
+        verify_points=tuple((n, ms["verify", n]) for n in grid.verify),
+        mid_tokens=grid.mid_tokens,
+        mid_fed=grid.mid_fed,
+        mid_grid_ms=tuple(tuple(ms["mid", n, f] for n in grid.mid_tokens) for f in grid.mid_fed),
+        mid_end_ms=ms.get(("mid_end", 0), 0.0),
+        ngram_step_ms=small[0],
+        ngram_node_ms=small[1],
+        ngram_mean_frontier=small[2],
+        decision_ms=ms["decision", 0],
         ar_token_ms=ms["ar", 1],
-        tree_overhead_ms=_tree_overhead_ms(pair, context, tree_config, overhead_tokens),
+        tree_points=tuple((n, ms["tree", n]) for n in grid.tree),
     )
     log.info(
-        "profile %s on %s: verify(%d) %.3f ms, AR step %.3f ms",
+        "profile %s on %s: verify(%d) %.3f ms, AR step %.3f ms, decision %.4f ms",
         name,
         device,
-        tree_config.budget + 1,
-        profile.verify_ms(tree_config.budget + 1),
+        grid.verify[-1],
+        profile.verify_ms(grid.verify[-1]),
         profile.ar_token_ms,
+        profile.decision_ms,
     )
     return profile

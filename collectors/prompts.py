@@ -69,8 +69,13 @@ def load_questions(path: Path | str, dataset: str | None = None) -> list[Questio
         raise PromptFileError(f"{path}:0: question file not found")
     questions: list[Question] = []
     seen: dict[int | str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    with path.open("rb") as fh:  # bytes, so a decoding error can name its line
+        for lineno, data in enumerate(fh, start=1):
+            try:
+                raw = data.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                bad = f"byte {data[err.start]:#04x} at column {err.start + 1}"
+                raise PromptFileError(f"{path}:{lineno}: not valid UTF-8 ({bad})") from None
             if not raw.strip():
                 continue
             q = _parse_line(raw, f"{path}:{lineno}", name)

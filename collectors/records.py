@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from collectors.latency import LatencyProfile, RoundCounts, price_round
+from collectors.latency import LatencyProfile, RoundCounts, fed_before_calls, price_round
 from decoder.config import TreeConfig
 from decoder.policies import RuntimeContext
 from decoder.state import (
@@ -33,6 +33,9 @@ class RoundRecord:
     small_steps: int
     signals: tuple[tuple[float, ...], ...]  # before each step, SIGNAL_NAMES order
     measured_ms: float = math.nan  # wall time without collection overhead (execute mode only)
+    tree_nodes: int = 0  # live tree nodes before the prune, root included (0: unknown, priced as verified)
+    small_frontier: int | None = None  # frontier nodes the small steps expanded in all (None: unknown)
+    mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
 
     @property
     def mid_call_tokens(self) -> tuple[int, ...]:
@@ -46,6 +49,9 @@ class RoundRecord:
             mid_call_tokens=self.mid_call_tokens,
             small_steps=self.small_steps,
             decisions=len(self.signals),
+            mid_call_fed=fed_before_calls(self.mid_tree_tokens),
+            tree_nodes=self.tree_nodes or None,
+            small_frontier=self.small_frontier,
         )
 
 
@@ -61,7 +67,7 @@ class ReportKey:
 
 def runtime_for(profile: LatencyProfile, prompt_tokens: float, tree: TreeConfig) -> RuntimeContext:
     """The runtime context a scheduler sees: typical verify and mid-call times from the profile."""
-    mid_ms = profile.mid_ms(tree.width * tree.topk) if profile.mid_points else 0.0
+    mid_ms = profile.mid_ms(tree.width * tree.topk) if profile.has_mid else 0.0
     return RuntimeContext(round(prompt_tokens), profile.verify_ms(tree.budget + 1), mid_ms)
 
 
@@ -117,7 +123,9 @@ def trajectory_rows(
     context = dict(zip(CONTEXT_NAMES, context_features(runtime), strict=True))
     actions = []
     for k in range(1, depth + 1):
-        history = dict(zip(history_names(depth), history_features(k, depth, bits[: k - 1]), strict=True))
+        # the lag differs from round to round: the action row holds the mean over rounds, as the signals
+        per_round = [history_features(k, depth, bits[: k - 1], r.mid_lag) for r in rounds]
+        history = {n: sum(h[i] for h in per_round) / len(rounds) for i, n in enumerate(history_names(depth))}
         signals = [sum(r.signals[k - 1][i] for r in rounds) / len(rounds) for i in range(len(SIGNAL_NAMES))]
         actions.append(
             {

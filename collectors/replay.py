@@ -45,6 +45,18 @@ class BranchOutcome:
     mid_tree_tokens: tuple[int, ...]
     fed_accepted: int  # accepted nodes whose KV the mid drafter keeps; -1 when it was not called
     signals: tuple[tuple[float, ...], ...]
+    tree_nodes: int = 0  # live tree nodes before the prune, the root included
+    small_frontier: int | None = None  # frontier nodes the small steps expanded in all
+
+
+@dataclass(frozen=True)
+class ReplayInputs:
+    """What every replay of one prompt shares: g, its stop, and the mid drafter's KV of the text."""
+
+    prompt: list[int]
+    text: list[int]  # prompt + greedy continuation (with the deepest tree's margin)
+    limit: int  # tokens to emit (max_new_tokens, or up to the first EOS)
+    mid_kv: DynamicCache | None
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,19 @@ class PromptReplay:
 
 def branch_copy(state: BuildState) -> BuildState:
     return BuildState(state.tree.copy(), set(state.visited), list(state.newest), list(state.frontier))
+
+
+def small_frontier(tree: DraftTree, bits: tuple[bool, ...], width: int, sequential: bool = False) -> int:
+    """Frontier nodes the round's small steps expanded, read off its final tree: step k's pool is
+    the live nodes step k - 1 created (the root before step 1), of which it expands the top `width`
+    (a sequential cascade: always its one tip). Exact with non-destructive grafting (nothing dies)."""
+    if sequential:
+        return len(bits) - sum(bits)
+    created = [0] * (len(bits) + 1)
+    for v, step in enumerate(tree.created_step):
+        if tree.alive[v] and step < len(created):
+            created[step] += 1
+    return sum(min(width, created[k - 1]) for k, mid in enumerate(bits, start=1) if not mid)
 
 
 def accepted_along(tree: DraftTree, text: list[int], start: int) -> list[int]:
@@ -103,17 +128,24 @@ class Replayer:
         limit = next((i + 1 for i, t in enumerate(g[: self.config.max_new_tokens]) if t in eos), None)
         return g, limit or self.config.max_new_tokens
 
-    def replay_prompt(self, prompt: list[int]) -> PromptReplay:
+    def inputs(self, prompt: list[int]) -> ReplayInputs:
+        """The continuation g, its stop and the mid drafter's KV: computed once, shared by replays."""
         g, limit = self.continuation(prompt)
         text = prompt + g
-        ngram = self._ngram_with_rows(prompt, text)
-        mid_kv = self._mid_kv(text) if self.pair.mid is not None else None
+        return ReplayInputs(
+            list(prompt), text, limit, self.mid_kv_of(text) if self.pair.mid is not None else None
+        )
+
+    def replay_prompt(self, prompt: list[int], inputs: ReplayInputs | None = None) -> PromptReplay:
+        inputs = inputs or self.inputs(prompt)
+        text, limit, mid_kv = inputs.text, inputs.limit, inputs.mid_kv
+        ngram = self.ngram_with_rows(prompt, text)
         builder = RoundBuilder(self.config.tree, ngram, None, lambda: 0.0)
         p0 = len(prompt)
         ngram.commit(prompt)
         starts: dict[int, list[BranchOutcome]] = {}
         at: dict[int, list[int]] = {p0: list(range(len(self.schedules)))}
-        state = {s: _Walk() for s in range(len(self.schedules))}
+        state = {s: Walk() for s in range(len(self.schedules))}
         heap = [p0]
         visited = 0
         while heap:
@@ -137,7 +169,7 @@ class Replayer:
             {s: w.rounds for s, w in state.items()}, {s: w.emitted for s, w in state.items()}, starts
         )
 
-    def _ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
+    def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
         """An n-gram drafter whose score cache holds the target's rows for every position."""
         cfg = self.config.tree
         verifier = TargetVerifier(self.pair.target, self.pair.vocab_size, cfg.topk)
@@ -150,7 +182,7 @@ class Replayer:
             ngram.cache.set_rows(rows.start, rows.tokens, rows.logps)
         return ngram
 
-    def _mid_kv(self, text: list[int]) -> DynamicCache:
+    def mid_kv_of(self, text: list[int]) -> DynamicCache:
         cache = DynamicCache()
         forward_block(self.pair.mid, cache, causal_block(text[:-1], 0, 0))
         return cache
@@ -168,7 +200,7 @@ class Replayer:
         prefixes = None if needed is None else {b[:k] for b in needed for k in range(len(b) + 1)}
         committed = text[:start]
         width = self.config.tree.width
-        level = [_Branch((), BuildState(DraftTree(text[start - 1])), BranchMid(TreeScores()), (), ())]
+        level = [Branch((), BuildState(DraftTree(text[start - 1])), BranchMid(TreeScores()), (), ())]
         for k in range(1, self.depth + 1):
             nxt, invoking = [], []
             for b in level:
@@ -176,11 +208,9 @@ class Replayer:
                 if prefixes is None or (*b.bits, False) in prefixes:
                     small = branch_copy(b.state)
                     builder.small_step(small, committed, k)
-                    nxt.append(_Branch((*b.bits, False), small, b.mid, b.calls, sig))
+                    nxt.append(Branch((*b.bits, False), small, b.mid, b.calls, sig))
                 if context is not None and (prefixes is None or (*b.bits, True) in prefixes):
-                    invoking.append(
-                        _Branch((*b.bits, True), branch_copy(b.state), b.mid.copy(), b.calls, sig)
-                    )
+                    invoking.append(Branch((*b.bits, True), branch_copy(b.state), b.mid.copy(), b.calls, sig))
             if invoking:
                 batch_rescore(
                     self.pair.mid,
@@ -191,19 +221,19 @@ class Replayer:
                 )
             for b in invoking:
                 rec = builder.mid_step(b.state, committed, k, b.mid)
-                nxt.append(_Branch(b.bits, b.state, b.mid, (*b.calls, rec.mid_tree_tokens), b.signals))
+                nxt.append(Branch(b.bits, b.state, b.mid, (*b.calls, rec.mid_tree_tokens), b.signals))
             level = nxt
         out: list[BranchOutcome | None] = [None] * len(self.schedules)
         for b in level:
             if b.bits in self.index:
-                out[self.index[b.bits]] = self._finish(b, text, start)
+                out[self.index[b.bits]] = self.finish(b, text, start)
         want = self.schedules if needed is None else needed
         missing = [bits for bits in want if out[self.index[bits]] is None]
         if missing:
             raise ValueError(f"schedules {missing[:3]} need a mid drafter but the pair has none")
         return out
 
-    def _finish(self, b: _Branch, text: list[int], start: int) -> BranchOutcome:
+    def finish(self, b: Branch, text: list[int], start: int) -> BranchOutcome:
         pruned = b.state.tree.prune(self.config.tree.budget)
         accepted = [int(pruned.source[a]) for a in accepted_along(pruned.tree, text, start)]
         fed = -1
@@ -211,11 +241,15 @@ class Replayer:
             fed = 0
             while fed < len(accepted) and accepted[fed] in b.mid.scores.row:
                 fed += 1
-        return BranchOutcome(len(accepted), len(pruned.tree), b.calls, fed, b.signals)
+        cfg = self.config.tree
+        frontier = small_frontier(b.state.tree, b.bits, cfg.width, cfg.sequential)
+        return BranchOutcome(
+            len(accepted), len(pruned.tree), b.calls, fed, b.signals, b.state.tree.n_alive, frontier
+        )
 
 
 @dataclass(frozen=True)
-class _Branch:
+class Branch:
     bits: tuple[bool, ...]
     state: BuildState
     mid: BranchMid
@@ -224,7 +258,7 @@ class _Branch:
 
 
 @dataclass
-class _Walk:
+class Walk:
     """One schedule's trajectory through the round starts, with execute mode's accounting."""
 
     emitted: int = 0
@@ -233,19 +267,22 @@ class _Walk:
 
     def advance(self, o: BranchOutcome, start: int, limit: int, bits: tuple[bool, ...]) -> int | None:
         take = min(o.accepted + 1, limit - self.emitted)
-        catch_up = 0
+        catch_up, lag = 0, (start - 1) - self.mid_committed
         if o.mid_tree_tokens:
             catch_up = (start - 1) - self.mid_committed
             self.mid_committed = start + o.fed_accepted
         self.rounds.append(
             RoundRecord(
-                accepted=o.accepted,
+                accepted=min(o.accepted, take),
                 emitted=take,
                 verified_nodes=o.verified_nodes,
                 mid_tree_tokens=o.mid_tree_tokens,
                 mid_catch_up=catch_up,
                 small_steps=len(bits) - sum(bits),
                 signals=o.signals,
+                tree_nodes=o.tree_nodes,
+                small_frontier=o.small_frontier,
+                mid_lag=lag,
             )
         )
         self.emitted += take

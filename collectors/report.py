@@ -1,15 +1,23 @@
 """One report = one (pair, dataset, prompt slice): run every schedule, write its tables atomically.
 
 Contract: `collect_report` is pure work (no files); `write_report` puts the report's tables and a
-manifest into a temporary folder and renames it into place, so a report folder either holds a
-complete, valid report or does not exist. `completed_reports` is how a run resumes.
+manifest into a temporary folder, fsyncs them and renames it into place, so a report folder either
+holds a complete report or does not exist. The manifest records the report's resume inputs
+(everything that shapes it: see collectors.plan.report_inputs), their key and each table file's
+sha256. `completed_reports` is how a run resumes: a folder is reused only if its key matches and its
+files match their digests; anything else (other inputs, truncated or garbage Parquet, bad manifest
+JSON) is recollected with a warning naming the file, so old and new rows never mix.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +32,17 @@ from decoder.config import DecodeConfig
 from decoder.models import ModelPair
 from decoder.policies import schedule_bits
 from features.collect_schemas import MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
-from features.tables import SchemaError, TableSpec, read_table, to_table, write_table
+from features.tables import SchemaError, TableSpec, fsync_dir, read_table, to_table, write_table
 
+log = logging.getLogger(__name__)
 MODES = ("replay", "execute")
 MANIFEST = "manifest.json"
+TABLE_NAMES = ("trajectories", "actions", "rounds")
+_CHUNK = 1 << 20
+
+
+class ReportError(ValueError):
+    """A report folder is not a finished report of this run's inputs (the message names the file)."""
 
 
 @dataclass(frozen=True)
@@ -152,51 +167,164 @@ def _round_rows(key: ReportKey, prompt_id: int, starts: dict, profile: LatencyPr
     return rows
 
 
-def write_report(out_dir: Path, spec: ReportSpec, tables: ReportTables, depth: int) -> Path:
-    """Write the report folder atomically (temporary folder, then rename)."""
+def digest_json(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def digest_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def inputs_key(inputs: Mapping[str, object]) -> str:
+    return digest_json(dict(inputs))
+
+
+def changed_inputs(old: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
+    """``name: old -> new`` for every entry that differs (missing entries read as None)."""
+    return [
+        f"{name}: {old.get(name)!r} -> {new.get(name)!r}"
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
+    ]
+
+
+def schema_inputs(depth: int) -> dict[str, str]:
+    """The table schema versions a report is written with, as entries of its resume inputs."""
+    return {f"schema.{n}": s.tag for n, s in specs_for(depth).items()}
+
+
+def write_report(
+    out_dir: Path, spec: ReportSpec, tables: ReportTables, depth: int, inputs: Mapping[str, object]
+) -> Path:
+    """Write the report folder atomically: tables and manifest into a temporary folder, each file
+    fsynced, then the folder fsynced and renamed into place (an older folder is moved aside first)."""
     final = out_dir / spec.report_id
-    tmp = out_dir / f".tmp-{spec.report_id}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = out_dir / f".tmp-{os.getpid()}-{spec.report_id}"
+    old = out_dir / f".old-{os.getpid()}-{spec.report_id}"
+    for path in (tmp, old):
+        shutil.rmtree(path, ignore_errors=True)
     try:
         specs = specs_for(depth)
-        for name, table in (
-            ("trajectories", tables.trajectories),
-            ("actions", tables.actions),
-            ("rounds", tables.rounds),
-        ):
-            write_table(tmp / f"{name}.parquet", specs[name], table)
-        manifest = {"report_id": spec.report_id, "schemas": {n: s.tag for n, s in specs.items()}}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        files = {}
+        for name in TABLE_NAMES:
+            path = tmp / f"{name}.parquet"
+            write_table(path, specs[name], getattr(tables, name))
+            files[path.name] = digest_file(path)
+        manifest = {
+            "report_id": spec.report_id,
+            "key": inputs_key(inputs),
+            "inputs": dict(inputs),
+            "schemas": {n: s.tag for n, s in specs.items()},
+            "files": files,
+        }
+        with (tmp / MANIFEST).open("w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=2) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        fsync_dir(tmp)
         if final.exists():
-            shutil.rmtree(final)
+            os.replace(final, old)
         os.replace(tmp, final)
+        fsync_dir(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def check_out_dir(out_dir: Path, depth: int) -> None:
-    """Refuse an output folder that holds reports of another schema version (nothing is touched)."""
-    want = {n: s.tag for n, s in specs_for(depth).items()}
-    for manifest in sorted(out_dir.glob(f"*/{MANIFEST}")):
-        got = json.loads(manifest.read_text()).get("schemas")
-        if got != want:
-            raise SchemaError(
-                f"{manifest.parent}: written with schemas {got}, this run writes {want}; "
-                "use another collect.out_dir or remove the old reports"
-            )
+def _manifest(folder: Path) -> dict:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ReportError(f"{path}: no manifest (the report folder is incomplete)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ReportError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(manifest, dict):
+        raise ReportError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    want = {"key": str, "inputs": dict, "files": dict}
+    bad = [k for k, t in want.items() if not isinstance(manifest.get(k), t)]
+    if bad:
+        raise ReportError(f"{path}: missing or malformed {bad} (written by an older collector?)")
+    return manifest
 
 
-def completed_reports(out_dir: Path, depth: int) -> set[str]:
-    """Report ids whose folder is complete and readable."""
-    done = set()
+def check_report(folder: Path, inputs: Mapping[str, object]) -> None:
+    """Raise ReportError naming the file unless ``folder`` is a finished report of exactly ``inputs``:
+    its manifest parses, its key matches, and every table file has the content the manifest records."""
+    manifest = _manifest(folder)
+    if manifest["key"] != inputs_key(inputs):
+        changed = changed_inputs(manifest["inputs"], inputs) or ["key does not match its recorded inputs"]
+        raise ReportError(f"{folder / MANIFEST}: computed from other inputs ({'; '.join(changed)})")
+    for name in TABLE_NAMES:
+        path = folder / f"{name}.parquet"
+        if not path.is_file():
+            raise ReportError(f"{path}: missing")
+        if digest_file(path) != manifest["files"].get(path.name):
+            raise ReportError(f"{path}: content differs from its digest in {MANIFEST} (truncated or corrupt)")
+
+
+def read_report(folder: Path, depth: int, inputs: Mapping[str, object]) -> ReportTables:
+    """A checked report's three tables (see `check_report`); errors name the file."""
+    check_report(folder, inputs)
     specs = specs_for(depth)
-    for manifest in out_dir.glob(f"*/{MANIFEST}"):
-        folder = manifest.parent
+    tables = {}
+    for name in TABLE_NAMES:
+        path = folder / f"{name}.parquet"
         try:
-            for name, spec in specs.items():
-                read_table(folder / f"{name}.parquet", spec)
-        except (SchemaError, FileNotFoundError, OSError):
+            tables[name] = read_table(path, specs[name])
+        except (SchemaError, pa.ArrowException, OSError) as err:
+            raise ReportError(f"{path}: unreadable ({err})") from err
+    return ReportTables(**tables)
+
+
+def completed_reports(out_dir: Path, inputs_by_id: Mapping[str, Mapping[str, object]]) -> set[str]:
+    """The planned report ids whose folder is a finished report of their inputs.
+
+    A folder that is not (other inputs, a corrupt or missing file, bad manifest JSON) is left to be
+    recollected, with a warning naming the file; it is replaced when its report is written again.
+    """
+    done = set()
+    for report_id, inputs in inputs_by_id.items():
+        folder = out_dir / report_id
+        if not folder.exists():
             continue
-        done.add(folder.name)
+        try:
+            check_report(folder, inputs)
+        except ReportError as err:
+            log.warning("recollecting report %s: %s", report_id, err)
+            continue
+        done.add(report_id)
     return done
+
+
+_TEMP = re.compile(r"^\.(?:tmp|old)-(\d+)-")
+
+
+def remove_stale_temps(out_dir: Path) -> list[Path]:
+    """Remove the temporary folders of writers that died (by pid on this host); returns them."""
+    removed = []
+    for path in sorted(out_dir.glob(".*")):
+        match = _TEMP.match(path.name)
+        if match and not _alive(int(match[1])):
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("%s: removed the half-written folder of a writer that died", path)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers are never in use between reports
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

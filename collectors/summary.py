@@ -1,38 +1,69 @@
 """The collect stage's closing table: per report, the best fixed schedule against the endpoints,
 and the per-round hindsight oracle from the round-level table (an upper bound for any per-step
-scheduler). Pure functions over the merged tables."""
+scheduler). Pure functions over the merged tables; the grouping is polars."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
+import polars as pl
 import pyarrow as pa
+
+_SID, _TPS, _A = pl.col("schedule_id"), pl.col("throughput_tok_per_s"), pl.col("mean_accepted_length")
+_SMALL, _MID = _SID == 0, _SID.eq(_SID.max())  # All-Small is schedule 0, All-Mid the largest id
+# The fastest schedule; ties go to the smallest schedule id.
+_FASTEST = {"by": [_TPS, _SID], "descending": [True, False]}
+
+
+def per_report(trajectories: pa.Table) -> pl.DataFrame:
+    """One row per report, in first-seen order: both endpoints, the best schedule and its gain."""
+    frame = pl.from_arrow(
+        trajectories.select(
+            ["report_id", "schedule_id", "schedule", "throughput_tok_per_s", "mean_accepted_length"]
+        )
+    )
+    return (
+        frame.group_by("report_id", maintain_order=True)
+        .agg(
+            small_tps=_TPS.filter(_SMALL).first(),
+            small_a=_A.filter(_SMALL).first(),
+            mid_tps=_TPS.filter(_MID).first(),
+            mid_a=_A.filter(_MID).first(),
+            best_schedule=pl.col("schedule").sort_by(**_FASTEST).first(),
+            best_tps=_TPS.sort_by(**_FASTEST).first(),
+            best_a=_A.sort_by(**_FASTEST).first(),
+        )
+        .with_columns(gain=pl.col("best_tps") / pl.max_horizontal("small_tps", "mid_tps"))
+    )
+
+
+def round_oracle(rounds: pa.Table) -> dict[str, float]:
+    """Mean over round starts of best tokens/s / better endpoint tokens/s, per report."""
+    frame = pl.from_arrow(
+        rounds.select(["report_id", "prompt_id", "start_position", "schedule_id", "throughput_tok_per_s"])
+    )
+    better_end = pl.max_horizontal(_TPS.filter(_SMALL).first(), _TPS.filter(_MID).first())
+    ratios = (
+        frame.group_by("report_id", "prompt_id", "start_position")
+        .agg(ratio=_TPS.max() / better_end)
+        .group_by("report_id")
+        .agg(pl.col("ratio").mean())
+    )
+    return dict(ratios.iter_rows())
 
 
 def summarise(trajectories: pa.Table, rounds: pa.Table) -> tuple[str, dict]:
     """A markdown table and a metrics dict."""
-    by_report: dict[str, dict[int, dict]] = defaultdict(dict)
-    for row in trajectories.to_pylist():
-        by_report[row["report_id"]][row["schedule_id"]] = row
-    oracle = _round_oracle(rounds)
+    reports = per_report(trajectories)
+    oracle = round_oracle(rounds)
     lines = [
         "| report | All-Small tok/s (A) | All-Mid tok/s (A) | best schedule | best tok/s (A) "
         "| best / better end | round oracle |",
         "|---|---|---|---|---|---|---|",
     ]
-    gains = []
-    per_report = {}
-    for report, rows in by_report.items():
-        small, mid = rows[0], rows[max(rows)]
-        best = max(rows.values(), key=lambda r: (r["throughput_tok_per_s"], -r["schedule_id"]))
-        end = max(small["throughput_tok_per_s"], mid["throughput_tok_per_s"])
-        gain = best["throughput_tok_per_s"] / end
-        gains.append(gain)
-        per_report[report] = {"best_schedule": best["schedule"], "best_over_better_endpoint": gain}
-        orc = f"{oracle[report]:.2f}x" if report in oracle else "-"
+    for r in reports.iter_rows(named=True):
+        orc = f"{oracle[r['report_id']]:.2f}x" if r["report_id"] in oracle else "-"
         lines.append(
-            f"| {report} | {_fmt(small)} | {_fmt(mid)} | {best['schedule']} | {_fmt(best)} "
-            f"| {gain:.3f}x | {orc} |"
+            f"| {r['report_id']} | {_fmt(r, 'small')} | {_fmt(r, 'mid')} | {r['best_schedule']} "
+            f"| {_fmt(r, 'best')} | {r['gain']:.3f}x | {orc} |"
         )
     lines.append("")
     lines.append(
@@ -41,30 +72,17 @@ def summarise(trajectories: pa.Table, rounds: pa.Table) -> tuple[str, dict]:
         "endpoint's, averaged."
     )
     metrics = {
-        "n_reports": len(by_report),
+        "n_reports": reports.height,
         "n_trajectories": trajectories.num_rows,
         "n_round_outcomes": rounds.num_rows,
-        "mean_best_over_better_endpoint": sum(gains) / len(gains) if gains else 0.0,
-        "reports": per_report,
+        "mean_best_over_better_endpoint": float(reports["gain"].mean()) if reports.height else 0.0,
+        "reports": {
+            r: {"best_schedule": s, "best_over_better_endpoint": g}
+            for r, s, g in reports.select("report_id", "best_schedule", "gain").iter_rows()
+        },
     }
     return "\n".join(lines), metrics
 
 
-def _fmt(row: dict) -> str:
-    return f"{row['throughput_tok_per_s']:.1f} ({row['mean_accepted_length']:.2f})"
-
-
-def _round_oracle(rounds: pa.Table) -> dict[str, float]:
-    """Mean over round starts of best tokens/s / better endpoint tokens/s, per report."""
-    starts: dict[tuple, dict[int, float]] = defaultdict(dict)
-    for r in rounds.select(
-        ["report_id", "prompt_id", "start_position", "schedule_id", "throughput_tok_per_s"]
-    ).to_pylist():
-        starts[r["report_id"], r["prompt_id"], r["start_position"]][r["schedule_id"]] = r[
-            "throughput_tok_per_s"
-        ]
-    ratios: dict[str, list[float]] = defaultdict(list)
-    for (report, _, _), tps in starts.items():
-        end = max(tps[0], tps[max(tps)])
-        ratios[report].append(max(tps.values()) / end)
-    return {r: sum(v) / len(v) for r, v in ratios.items()}
+def _fmt(row: dict, which: str) -> str:
+    return f"{row[which + '_tps']:.1f} ({row[which + '_a']:.2f})"

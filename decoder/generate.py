@@ -1,15 +1,25 @@
 """Speculative generation with a shared draft tree, and the autoregressive baseline.
 
 Contract: `generate` returns exactly the tokens the target would produce on its own (greedy:
-token-identical to `model.generate(do_sample=False)`; sampling: the same distribution). Output
-stops right after the first EOS or at max_new_tokens, never later. Every method is timed with the
-same clock; per round we record accepted length, tree sizes, mid calls and component times.
+token-identical to `model.generate(do_sample=False)` in fp32; in bf16/fp16 a tree forward and a
+one-token forward differ in the last bits, so a near-tied argmax may flip: decoder/check_lossless.py
+classifies every divergence; sampling: the same distribution). Output stops right after the first
+EOS or at max_new_tokens, never later. Every method is timed with the same clock; per round we
+record accepted length (drafted tokens that were emitted), tree sizes, mid calls and, when
+`timing` is on, component times (each reading syncs an accelerator; off, only the wall clock does).
+
+Refused before any model work: prompts that do not fit the context together with max_new_tokens
+and the deepest draft tree (target and mid), and generation configs with logits processors
+(repetition penalty, n-gram bans, ...) or, when sampling, warpers (top-k/top-p, ...), which this
+runtime does not apply: silently ignoring them would not be the target's own output.
 
 CLI: `python -m decoder.generate --target PATH [--mid PATH] --prompt TEXT --policy 10101`.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,12 +29,14 @@ from transformers import DynamicCache
 
 from decoder.config import DecodeConfig
 from decoder.construct import RoundBuilder, StepRecord
+from decoder.device_rows import TorchRow
 from decoder.mid import MidDrafter
-from decoder.models import ModelPair
+from decoder.models import ModelPair, context_of
 from decoder.ngram import NgramDrafter
 from decoder.policies import AR, RuntimeContext, Scheduler, StepContext, parse_policy, uses_mid
+from decoder.sampling import sample_token
 from decoder.tensors import causal_block, forward_block
-from decoder.timing import make_clock, zero_times
+from decoder.timing import make_clock, no_clock, zero_times
 from decoder.verify import TargetVerifier
 
 
@@ -32,12 +44,13 @@ from decoder.verify import TargetVerifier
 class RoundStats:
     """One draft-and-verify round."""
 
-    accepted: int  # drafted tokens the target accepted (the bonus token not counted)
+    accepted: int  # drafted tokens the target accepted AND that were emitted (bonus not counted)
     emitted: int  # tokens added to the output this round (after EOS / budget truncation)
     tree_size: int  # live drafted nodes before the prune
     verified_size: int  # drafted nodes sent to the target
     steps: tuple[StepRecord, ...]
     times: dict[str, float]  # seconds per component
+    mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
 
     @property
     def mid_calls(self) -> tuple[bool, ...]:
@@ -68,19 +81,85 @@ class GenerationResult:
         return total
 
 
-def check_prompt(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig) -> None:
-    """Reject bad input before any model work."""
+def max_tree_depth(config: DecodeConfig) -> int:
+    """Deepest drafted node a round can create: D steps, each adding at most a chain of tokens."""
+    cfg = config.tree
+    return cfg.depth * max(cfg.ngram_chain_len, 1)
+
+
+# Generation-config fields that turn into logits processors (applied in greedy decoding too), with
+# the value that means "off"; and the sampling-only warpers.
+PROCESSORS = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "exponential_decay_length_penalty": None,
+    "forced_decoder_ids": None,
+}
+WARPERS = {
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+}
+
+
+def unsupported_generation_settings(model: torch.nn.Module, temperature: float) -> dict[str, object]:
+    """Generation-config settings that would change the model's own output but are not applied here."""
+    gc = getattr(model, "generation_config", None)
+    if gc is None:
+        return {}
+    found = {}
+    checks = {**PROCESSORS, **(WARPERS if temperature > 0 else {})}
+    for name, off in checks.items():
+        value = getattr(gc, name, off)
+        if value is None or value == off or (isinstance(value, list | tuple | dict) and not value):
+            continue
+        found[name] = value
+    return found
+
+
+def check_prompt(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, policy: object = None) -> None:
+    """Reject bad input before any model work (policy None: assume a speculative one)."""
     if len(prompt_ids) == 0:
         raise ValueError("prompt is empty: at least one token is needed")
     bad = [t for t in prompt_ids if not 0 <= int(t) < pair.vocab_size]
     if bad:
         raise ValueError(f"prompt has token ids outside [0, {pair.vocab_size}): {bad[:5]}")
-    need = len(prompt_ids) + config.max_new_tokens
-    if need > pair.context_len:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({config.max_new_tokens}) = {need} "
-            f"exceeds the target's context of {pair.context_len} tokens"
-        )
+    speculative = policy != AR
+    depth = max_tree_depth(config) if speculative else 0
+    need = len(prompt_ids) + config.max_new_tokens + depth
+    models = [("target", pair.target)]
+    if speculative and pair.mid is not None and (policy is None or uses_mid(policy)):
+        models.append(("mid drafter", pair.mid))
+    for name, model in models:
+        room = context_of(model)
+        if need > room:
+            tree = f" + the deepest draft tree ({depth} tokens)" if depth else ""
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({config.max_new_tokens}){tree} "
+                f"= {need} exceeds the {name}'s context of {room} tokens"
+            )
+    for name, model in models:
+        found = unsupported_generation_settings(model, config.temperature)
+        if found:
+            settings = ", ".join(f"{k}={v!r}" for k, v in found.items())
+            raise ValueError(
+                f"the {name}'s generation config sets {settings}: this runtime does not apply logits "
+                "processors or warpers, so its output would not be the model's own. Reset them "
+                "(e.g. model.generation_config.repetition_penalty = 1.0) or edit generation_config.json"
+            )
 
 
 class _Output:
@@ -113,17 +192,22 @@ def generate(
     policy: str | Callable[[StepContext], bool],
     config: DecodeConfig | None = None,
     runtime: RuntimeContext | None = None,
+    timing: bool = True,
 ) -> GenerationResult:
-    """Decode with the given policy ('ar', 'all-small', 'all-mid', '10101' or a scheduler)."""
+    """Decode with the given policy ('ar', 'all-small', 'all-mid', '10101' or a scheduler).
+
+    timing=False leaves the per-round component times at 0 and reads the (syncing) clock only for
+    prefill and wall time, so an accelerator is not synchronised ~20 times per round.
+    """
     config = config or DecodeConfig()
     parsed = parse_policy(policy, config.tree.depth)
     prompt = [int(t) for t in prompt_ids]
-    check_prompt(pair, prompt, config)
-    if parsed == AR:
-        return autoregressive(pair, prompt, config)
     if uses_mid(parsed) and pair.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter but the pair has none")
-    return _speculative(pair, prompt, parsed, config, runtime)
+    check_prompt(pair, prompt, config, parsed)
+    if parsed == AR:
+        return autoregressive(pair, prompt, config)
+    return _speculative(pair, prompt, parsed, config, runtime, timing)
 
 
 def _speculative(
@@ -132,11 +216,13 @@ def _speculative(
     scheduler: Scheduler,
     config: DecodeConfig,
     runtime: RuntimeContext | None,
+    timing: bool = True,
 ) -> GenerationResult:
     cfg = config.tree
-    clock = make_clock(pair.target.device)
+    wall = make_clock(pair.target.device)
+    clock = wall if timing else no_clock
     rng = np.random.default_rng(config.seed)
-    t_start = clock()
+    t_start = wall()
     verifier = TargetVerifier(pair.target, pair.vocab_size, cfg.topk)
     ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
     mid = MidDrafter(pair.mid, pair.vocab_size) if pair.mid is not None and uses_mid(scheduler) else None
@@ -146,10 +232,11 @@ def _speculative(
     ngram.cache.set_rows(top.start, top.tokens, top.logps)
     committed = list(prompt)
     out = _Output(config.max_new_tokens, pair.eos_token_ids)
-    prefill_s = clock() - t_start
+    prefill_s = wall() - t_start
     rounds: list[RoundStats] = []
     while not out.done:
         times = zero_times()
+        lag = builder.mid_lag(committed)
         tree, steps = builder.build(committed, scheduler, times, runtime)
         t0 = clock()
         pruned = tree.prune(cfg.budget)
@@ -168,26 +255,31 @@ def _speculative(
         times["tree"] = t1 - t0 + clock() - t2
         rounds.append(
             RoundStats(
-                len(verdict.accepted),
+                min(len(verdict.accepted), emitted),  # drafted tokens come first in `new`
                 emitted,
                 tree.n_alive - 1,
                 len(pruned.tree) - 1,
                 tuple(steps),
                 times,
+                lag,
             )
         )
-    return GenerationResult(out.tokens, rounds, prefill_s, clock() - t_start, out.hit_eos)
+    return GenerationResult(out.tokens, rounds, prefill_s, wall() - t_start, out.hit_eos)
 
 
 @torch.inference_mode()
 def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> GenerationResult:
-    """One target forward per token on a KV cache: the baseline every speedup is measured against."""
+    """One target forward per token on a KV cache: the baseline every speedup is measured against.
+
+    Only the last position's logits are computed (logits_to_keep=1), and sampling stays on the
+    device: one token id per step comes to the host.
+    """
     model = pair.target
     clock = make_clock(model.device)
     rng = np.random.default_rng(config.seed)
     t_start = clock()
     cache = DynamicCache()
-    logits = forward_block(model, cache, causal_block(prompt, 0, 0))[-1, : pair.vocab_size]
+    logits = forward_block(model, cache, causal_block(prompt, 0, 0), logits_to_keep=1)[-1, : pair.vocab_size]
     prefill_s = clock() - t_start
     out = _Output(config.max_new_tokens, pair.eos_token_ids)
     pos = len(prompt)
@@ -195,14 +287,33 @@ def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> 
         if config.temperature == 0:
             token = int(logits.argmax())
         else:
-            probs = torch.softmax(logits / config.temperature, dim=-1).double().cpu().numpy()
-            token = int(rng.choice(len(probs), p=probs / probs.sum()))
+            token = sample_token(TorchRow(torch.softmax(logits / config.temperature, dim=-1)), rng)
         out.emit([token])
         if out.done:
             break
-        logits = forward_block(model, cache, causal_block([token], pos, pos))[-1, : pair.vocab_size]
+        block = causal_block([token], pos, pos)
+        logits = forward_block(model, cache, block, logits_to_keep=1)[-1, : pair.vocab_size]
         pos += 1
     return GenerationResult(out.tokens, [], prefill_s, clock() - t_start, out.hit_eos)
+
+
+def encode_prompt(tokenizer: object, text: str, raw: bool = False) -> list[int]:
+    """Token ids of a user prompt: through the tokenizer's chat template unless raw or it has none.
+
+    The template is rendered to text and tokenized without adding special tokens (the template
+    writes its own), which does not depend on what apply_chat_template(tokenize=True) returns in a
+    given transformers version (a BatchEncoding in 5.x).
+    """
+    if not raw and getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        if not isinstance(rendered, str):
+            raise TypeError(f"chat template rendered {type(rendered).__name__}, expected text")
+        ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(text)["input_ids"]
+    return [int(t) for t in ids]
 
 
 def _parse_args(argv: list[str] | None):
@@ -224,37 +335,39 @@ def _parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Decode one prompt, print the text and a stats table against autoregressive decoding."""
+    """Decode one prompt, print the text and a stats table against autoregressive decoding.
+
+    Exit status 2 with one `error: ...` line on stderr for bad input (flags, paths, prompts that do
+    not fit, models that cannot be used); argparse reports malformed flags the same way.
+    """
     from decoder.measure import format_table, measure_policies
     from decoder.models import load_pair
 
     args = _parse_args(argv)
     try:
-        pair = load_pair(args.target, args.mid, args.dtype, args.device)
-        tok = pair.tokenizer
-        if not args.raw and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
-            )
-            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-        else:
-            ids = tok(args.prompt)["input_ids"]
+        if not math.isfinite(args.temperature):
+            raise ValueError(f"--temperature must be a finite number, got {args.temperature}")
         config = DecodeConfig(args.max_new_tokens, args.temperature, args.seed)
-        parse_policy(args.policy, config.tree.depth)
-        check_prompt(pair, ids, config)
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}")
+        parsed = parse_policy(args.policy, config.tree.depth)
+        if uses_mid(parsed) and args.mid is None:
+            raise ValueError(f"policy {args.policy!r} calls the mid drafter: pass --mid PATH")
+        pair = load_pair(args.target, args.mid if parsed != AR else None, args.dtype, args.device)
+        tok = pair.tokenizer
+        ids = encode_prompt(tok, args.prompt, raw=args.raw)
+        check_prompt(pair, ids, config, parsed)
+        if args.no_compare:
+            res = generate(pair, ids, args.policy, config, timing=False)
+            print(tok.decode(res.new_tokens))
+            print(
+                f"{len(res.new_tokens)} tokens in {res.wall_s:.3f} s = {res.tokens_per_s:.1f} tok/s, "
+                f"A = {res.mean_accepted_length:.2f}"
+            )
+            return 0
+        rows = measure_policies(pair, [ids], [AR, args.policy], config, timing=False)
+        res = generate(pair, ids, args.policy, config, timing=False)
+    except (ValueError, OSError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.no_compare:
-        res = generate(pair, ids, args.policy, config)
-        print(tok.decode(res.new_tokens))
-        print(
-            f"{len(res.new_tokens)} tokens in {res.wall_s:.3f} s = {res.tokens_per_s:.1f} tok/s, "
-            f"A = {res.mean_accepted_length:.2f}"
-        )
-        return 0
-    rows = measure_policies(pair, [ids], [AR, args.policy], config)
-    res = generate(pair, ids, args.policy, config)
     print(tok.decode(res.new_tokens))
     print()
     print(format_table(rows))

@@ -77,17 +77,21 @@ def run_side_by_side(
     config: DecodeConfig,
     runtime: RuntimeContext | None = None,
     warmup_tokens: int = 16,
+    timing: bool = True,
 ) -> dict[str, list[GenerationResult]]:
-    """Same warm-up for every method, then every prompt with every method (AR first, always)."""
+    """Same warm-up for every method, then every prompt with every method (AR first, always).
+
+    timing=False: no per-component times (no per-step accelerator syncs), wall times only.
+    """
     methods = [Method(AR, AR), *[m for m in methods if m.name != AR]]
     configs = {m.name: replace(config, tree=m.tree) if m.tree is not None else config for m in methods}
     for m in methods:
         warm = replace(configs[m.name], max_new_tokens=min(warmup_tokens, config.max_new_tokens))
-        generate(pair, prompts[0], m.policy, warm, runtime)
+        generate(pair, prompts[0], m.policy, warm, runtime, timing)
     results: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}
     for prompt in prompts:
         for m in methods:
-            results[m.name].append(generate(pair, prompt, m.policy, configs[m.name], runtime))
+            results[m.name].append(generate(pair, prompt, m.policy, configs[m.name], runtime, timing))
     return results
 
 
@@ -104,11 +108,12 @@ def measure_policies(
     config: DecodeConfig | None = None,
     warmup_tokens: int = 16,
     runtime: RuntimeContext | None = None,
+    timing: bool = True,
 ) -> dict[str, PolicyMeasurement]:
     """Decode every prompt with every policy (AR always included); return per-policy measurements."""
     config = config or DecodeConfig()
     methods = [Method(policy_name(p), p) for p in policies]
-    results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens)
+    results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens, timing)
     lossless = lossless_flags(results) if config.temperature == 0 else dict.fromkeys(results, True)
     ar = results[AR]
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)

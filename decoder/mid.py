@@ -19,8 +19,11 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from decoder.tensors import QueryBlock, compact_cache, crop_cache, forward_block
+from decoder.tensors import QueryBlock, causal_block, compact_cache, crop_cache, forward_block
 from decoder.tree import DraftTree
+
+# Catch-up tokens up to this many share the tree nodes' forward; longer ones run on their own.
+MERGE_CATCH_UP = 64
 
 
 @dataclass(frozen=True)
@@ -108,20 +111,31 @@ class MidDrafter:
         return MidCall(n_catch_up=len(catch_up), n_tree_nodes=len(new))
 
     def _forward(self, tree: DraftTree, catch_up: list[int], new: list[int]) -> None:
-        """One forward: catch-up tokens (causal) then the new tree nodes (ancestor mask)."""
-        c, f = len(catch_up), len(self.scores.fed)
+        """One forward: catch-up tokens (causal) then the new tree nodes (ancestor mask).
+
+        A long catch-up (the prompt, in the first round) runs on its own as a plain causal block (the
+        model's own causal mask, no [q, q] mask from the host); only the new nodes' logits are
+        computed.
+        """
+        c = len(catch_up)
+        if c and (c > MERGE_CATCH_UP or not new):
+            start = self.n_committed
+            forward_block(self.model, self.cache, causal_block(catch_up, start, start), logits_to_keep=1)
+            self.n_committed += c
+            catch_up, c = [], 0
+        if not new:
+            return
         nodes = tree_query(tree, self.scores.fed, new, self.n_committed + c)
-        visible = np.zeros((c + len(new), c + f + len(new)), dtype=bool)
-        visible[:c, :c] = np.tril(np.ones((c, c), dtype=bool))
-        visible[c:, :c] = True
-        visible[c:, c:] = nodes.visible
         block = QueryBlock(
             tokens=list(catch_up) + nodes.tokens,
-            positions=np.concatenate([np.arange(self.n_committed, self.n_committed + c), nodes.positions]),
-            visible=visible,
+            positions=np.concatenate(
+                [np.arange(self.n_committed, self.n_committed + c, dtype=np.int64), nodes.positions]
+            ),
+            visible=nodes.visible,
             prefix_len=self.n_committed,
+            n_causal=c,
         )
-        logits = forward_block(self.model, self.cache, block)[c:, : self.vocab_size]
+        logits = forward_block(self.model, self.cache, block, logits_to_keep=len(new))[:, : self.vocab_size]
         self.n_committed += c
         self.scores.record(new, torch.log_softmax(logits, dim=-1))
 

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MASK_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D float mask
 
 
 class TokenizerMismatchError(ValueError):
@@ -34,7 +35,12 @@ class ModelPair:
 
     @property
     def context_len(self) -> int:
-        return int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+        return context_of(self.target)
+
+
+def context_of(model: PreTrainedModel) -> int:
+    """Positions the model can encode (its max_position_embeddings; unbounded if it has none)."""
+    return int(getattr(model.config, "max_position_embeddings", None) or 1 << 30)
 
 
 def eos_ids_of(model: PreTrainedModel, tokenizer: object | None) -> tuple[int, ...]:
@@ -63,11 +69,19 @@ def check_tokenizers_match(target_tok: object, mid_tok: object) -> None:
 
 
 def check_supported(model: PreTrainedModel, name: str) -> None:
-    """Tree masks need full attention in every layer; refuse sliding-window layers."""
+    """Tree masks need full attention in every layer and an attention kernel that honours a custom
+    4D float mask (eager or sdpa; flash-attention kernels take only padding masks)."""
     cfg = model.config
     layer_types = getattr(cfg, "layer_types", None) or []
     if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in layer_types:
         raise ValueError(f"{name}: sliding-window attention is not supported by tree verification")
+    impl = getattr(cfg, "_attn_implementation", None) or "eager"
+    if impl not in MASK_ATTENTION:
+        raise ValueError(
+            f"{name}: attention implementation {impl!r} does not honour the 4D tree masks; "
+            f"load it with attn_implementation in {MASK_ATTENTION} "
+            f"(e.g. model.set_attn_implementation('sdpa'))"
+        )
 
 
 def make_pair(
@@ -96,16 +110,42 @@ def make_pair(
     return ModelPair(target.eval(), None if mid is None else mid.eval(), eos, vocab, tokenizer)
 
 
-def load_causal_lm(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
-    """A stock transformers model from a local folder; never reaches for a hub."""
+def check_device(device: str) -> torch.device:
+    """A torch device that exists on this machine, or a clear error."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a torch device: {err}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available here (torch {torch.__version__})")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available on this machine")
+    return dev
+
+
+def load_causal_lm(
+    path: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa"
+) -> PreTrainedModel:
+    """A stock transformers model from a local folder, with a mask-honouring attention kernel;
+    never reaches for a hub."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a model folder (no config.json)")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if attn_implementation not in MASK_ATTENTION:
+        raise ValueError(
+            f"attn_implementation {attn_implementation!r} does not honour the 4D tree masks; "
+            f"use one of {MASK_ATTENTION}"
+        )
+    dev = check_device(device)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
-    return model.to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[dtype], local_files_only=True, attn_implementation=attn_implementation
+    )
+    return model.to(dev).eval()
 
 
 def load_pair(
@@ -116,6 +156,9 @@ def load_pair(
 ) -> ModelPair:
     """Load target (+ mid) and their tokenizers from local folders and check they match."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    for path in (target_path, mid_path):
+        if path is not None and not (Path(path) / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: not a model folder (no config.json)")
     target = load_causal_lm(target_path, dtype, device)
     tok = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
     mid = mid_tok = None

@@ -43,6 +43,7 @@ class StepContext:
     history: tuple[bool, ...]
     state: BuildState
     runtime: RuntimeContext | None
+    mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
 
 
 class Scheduler(Protocol):

@@ -1,17 +1,13 @@
 """Learned scheduling policies from exported artifacts, NumPy only (no torch, no pickle).
 
-An artifact is ``NAME.safetensors`` (float32 tensors ``{head}.{i}.weight`` (out, in) and
-``{head}.{i}.bias``; ReLU between layers) plus ``NAME.json``, the manifest:
-schema_version, kind ("student" | "value"), depth D, width W, feature_names (the state z, in
-order), input_names (z plus the suffix encoding for a value system), x_mean/x_std over the
-inputs, heads (name -> layer widths), y_mean/y_std per head, weights_sha256, and provenance
-(training_data_sha256, git_revision, metrics).
+Artifacts (weights + manifest, every field checked, both checksummed) are written and read by
+decoder/artifact.py; its names are re-exported here for callers that load a scheduler.
 
-Contract: :func:`read_artifact` refuses a wrong schema version or kind, a checksum mismatch, or
-tensors that do not match the declared heads. :func:`load_scheduler` / :func:`load_value_planner`
-also refuse a feature order this decoder does not compute (context, history for D, then known
-tree signals) and, given the decoder's TreeConfig, a different D or W. Normalization is folded
-into the first and last layers at load, so a decision is three small matmuls.
+Contract: :func:`load_scheduler` / :func:`load_value_planner` read an artifact through
+:func:`read_artifact` (which refuses anything malformed or edited), then also refuse a feature
+order this decoder does not compute (context, history for D, then known tree signals) and, given
+the decoder's TreeConfig, a different D or W. Normalization is folded into the first and last
+layers at load, so a decision is three small matmuls.
 
 The policies are decoder schedulers: ``generate(pair, ids, policy, config, runtime=...)``; they
 need the RuntimeContext (the context features come from it) and raise a clear error without it.
@@ -19,116 +15,39 @@ need the RuntimeContext (the context features come from it) and raise a clear er
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
+from decoder.artifact import (
+    KINDS,
+    SCHEMA_VERSION,
+    Artifact,
+    ManifestError,
+    artifact_paths,
+    build_manifest,
+    read_artifact,
+    write_artifact,
+)
 from decoder.planning import HEADS, search_margins, suffix_feature_names
 from decoder.policies import RuntimeContext, StepContext
 from decoder.state import SIGNAL_NAMES, context_features, history_features, state_feature_names, tree_signals
 
-SCHEMA_VERSION = "treegraft-mlp/1"
-KINDS = ("student", "value")
-
-
-class ManifestError(ValueError):
-    """An exported scheduler artifact does not fit this decoder (or is corrupt)."""
-
-
-@dataclass(frozen=True)
-class Artifact:
-    manifest: dict
-    arrays: dict[str, np.ndarray]
-
-
-def artifact_paths(path: Path | str) -> tuple[Path, Path]:
-    """(manifest .json, weights .safetensors) for a path to either file or to the common stem."""
-    p = Path(path)
-    stem = p.with_suffix("") if p.suffix in (".json", ".safetensors") else p
-    return stem.with_suffix(".json"), stem.with_suffix(".safetensors")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def build_manifest(
-    *,
-    kind: str,
-    depth: int,
-    width: int,
-    feature_names: Sequence[str],
-    input_names: Sequence[str],
-    x_mean: Sequence[float],
-    x_std: Sequence[float],
-    heads: dict[str, Sequence[int]],
-    y_mean: dict[str, float],
-    y_std: dict[str, float],
-    **extra: object,
-) -> dict:
-    """The manifest fields every artifact has (``extra``: provenance, metrics, units, ...)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    return {
-        "kind": kind,
-        "depth": int(depth),
-        "width": int(width),
-        "feature_names": list(feature_names),
-        "input_names": list(input_names),
-        "x_mean": [float(v) for v in x_mean],
-        "x_std": [float(v) for v in x_std],
-        "heads": {h: [int(s) for s in sizes] for h, sizes in heads.items()},
-        "activation": "relu",
-        "y_mean": {h: float(v) for h, v in y_mean.items()},
-        "y_std": {h: float(v) for h, v in y_std.items()},
-        **extra,
-    }
-
-
-def write_artifact(path: Path | str, manifest: dict, arrays: dict[str, np.ndarray]) -> Path:
-    """Write weights and manifest (adding weights_sha256 and schema_version); returns the .json path."""
-    meta, weights = artifact_paths(path)
-    meta.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(arrays.items())}, str(weights))
-    full = {**manifest, "schema_version": SCHEMA_VERSION, "weights_sha256": _sha256(weights)}
-    meta.write_text(json.dumps(full, indent=2) + "\n")  # key order kept: head order matters
-    return meta
-
-
-def read_artifact(path: Path | str, kind: str) -> Artifact:
-    """Read and structurally validate an artifact of the given kind; see the module contract."""
-    meta, weights = artifact_paths(path)
-    if not meta.is_file() or not weights.is_file():
-        raise ManifestError(f"{meta.with_suffix('')}: need both {meta.name} and {weights.name}")
-    manifest = json.loads(meta.read_text())
-    where = str(meta)
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise ManifestError(
-            f"{where}: schema_version {manifest.get('schema_version')!r}, "
-            f"this decoder reads {SCHEMA_VERSION!r}"
-        )
-    if manifest.get("kind") != kind:
-        raise ManifestError(f"{where}: kind {manifest.get('kind')!r}, expected {kind!r}")
-    if manifest.get("weights_sha256") != _sha256(weights):
-        raise ManifestError(f"{where}: {weights.name} does not match the manifest's weights_sha256")
-    arrays = load_file(str(weights))
-    n_in = len(manifest["input_names"])
-    if len(manifest["x_mean"]) != n_in or len(manifest["x_std"]) != n_in:
-        raise ManifestError(f"{where}: x_mean/x_std must have one entry per input ({n_in})")
-    for head, sizes in manifest["heads"].items():
-        if sizes[0] != n_in or sizes[-1] != 1:
-            raise ManifestError(f"{where}: head {head!r} sizes {sizes} do not map {n_in} inputs to 1 output")
-        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
-            w, bias = arrays.get(f"{head}.{i}.weight"), arrays.get(f"{head}.{i}.bias")
-            if w is None or bias is None or w.shape != (b, a) or bias.shape != (b,):
-                raise ManifestError(f"{where}: tensors of {head}.{i} missing or not ({b}, {a})")
-    return Artifact(manifest, arrays)
+__all__ = [
+    "KINDS",
+    "SCHEMA_VERSION",
+    "Artifact",
+    "LearnedScheduler",
+    "ManifestError",
+    "ValuePlanner",
+    "artifact_paths",
+    "build_manifest",
+    "load_scheduler",
+    "load_value_planner",
+    "read_artifact",
+    "write_artifact",
+]
 
 
 def decoder_feature_names(depth: int, signals: Sequence[str]) -> tuple[str, ...]:
@@ -212,17 +131,19 @@ class _OnlineFeatures:
         if ctx.runtime is not self._runtime:
             self._runtime, self._context = ctx.runtime, context_features(ctx.runtime)
         sig = tree_signals(ctx.state, self.width)
-        hist = history_features(ctx.step, ctx.depth, ctx.history)
+        hist = history_features(ctx.step, ctx.depth, ctx.history, ctx.mid_lag)
         return np.array([*self._context, *hist, *(sig[i] for i in self.idx)])
 
 
 class LearnedScheduler:
-    """The distilled student: invoke the mid drafter iff its predicted margin is > 0."""
+    """The distilled student: invoke the mid drafter iff its predicted margin is > the manifest's
+    ``threshold`` (0 when the artifact has none)."""
 
     def __init__(self, art: Artifact, signals: Sequence[str]) -> None:
         self.manifest = art.manifest
         self.depth = int(art.manifest["depth"])
         self.net = _heads(art)["margin"]
+        self.threshold = float(art.manifest["threshold"])
         self.features = _OnlineFeatures(signals, int(art.manifest["width"]))
 
     def margin(self, z: np.ndarray) -> float:
@@ -230,7 +151,7 @@ class LearnedScheduler:
         return float(self.net(z))
 
     def decide(self, z: np.ndarray) -> bool:
-        return bool(self.net(z) > 0.0)
+        return bool(self.net(z) > self.threshold)
 
     def __call__(self, ctx: StepContext) -> bool:
         if ctx.depth != self.depth:

@@ -4,7 +4,8 @@ The one definition of the state's feature order (:func:`state_feature_names`): t
 computes it online, the collectors record it, the learning stages train on it.
 
 - context (4): log1p(prompt tokens), target verify ms, mid call ms, ln(target ms / mid ms)
-- history (7): k/D, (#mid calls so far)/D, one bit per step j "mid was called at step j" (D = 5)
+- history (7): k/D, (#mid calls so far)/D, one bit per step j < D "mid was called at step j"
+  (D = 5), log1p(the mid drafter's lag: committed tokens a call now would have to catch up)
 - tree signals (10 candidates), measured on the tree before step k:
   the *frontier* is what a small step would expand now (top-W of the newest live nodes by
   stored score); the *preview* is a dry run of what a mid step would pick now without calling the
@@ -41,7 +42,9 @@ SIGNAL_NAMES = (
 
 
 def history_names(depth: int) -> tuple[str, ...]:
-    return ("step_frac", "mid_calls_frac", *(f"called_step_{j}" for j in range(1, depth + 1)))
+    """k/D, calls/D, a bit per step before the last (step D's bit is 0 at every decision), and the
+    mid drafter's lag: log1p(committed tokens its cache lacks), what a call now must catch up."""
+    return ("step_frac", "mid_calls_frac", *(f"called_step_{j}" for j in range(1, depth)), "log_mid_lag")
 
 
 def state_feature_names(depth: int, signals: Sequence[str] = SIGNAL_NAMES) -> tuple[str, ...]:
@@ -63,10 +66,15 @@ def context_features(runtime: RuntimeContext) -> tuple[float, ...]:
     return (math.log1p(runtime.prompt_tokens), runtime.target_ms, runtime.mid_ms, ratio)
 
 
-def history_features(step: int, depth: int, history: Sequence[bool]) -> tuple[float, ...]:
-    """k/D, calls/D and D bits (bits for steps >= k are 0)."""
-    bits = [float(b) for b in history] + [0.0] * (depth - len(history))
-    return (step / depth, sum(history) / depth, *bits)
+def history_features(step: int, depth: int, history: Sequence[bool], mid_lag: int) -> tuple[float, ...]:
+    """k/D, calls/D, D - 1 bits (bits for steps >= k are 0) and log1p(lag).
+
+    ``mid_lag``: committed tokens the mid drafter's cache lacked at the round's start (the whole
+    context if it has never run). A mid call earlier in this round caught it up, so then it is 0.
+    """
+    bits = [float(b) for b in history[: depth - 1]] + [0.0] * (depth - 1 - min(len(history), depth - 1))
+    lag = 0 if any(history) else mid_lag
+    return (step / depth, sum(history) / depth, *bits, math.log1p(lag))
 
 
 def tree_signals(state: BuildState, width: int) -> tuple[float, ...]:

@@ -1,8 +1,15 @@
 """The one adapter from draft trees to model inputs, and KV-cache surgery on stock HF caches.
 
-Contract: a query block is a list of tokens with absolute positions and a boolean visibility
-matrix over [cached prefix | query block]. Masks are float additive [1, 1, q, kv] (0 = attend),
-which stock transformers models accept unchanged together with explicit position_ids.
+Contract: a query block is a list of tokens with absolute positions on top of `prefix_len` cached
+entries that every query sees. Its first `n_causal` queries are committed text (causal among
+themselves); the others (tree nodes) see those plus what `visible` allows among the cache entries
+that follow. A purely causal block is passed to the model without a mask (the model builds its own
+causal mask, as in its own `generate`); any other block gets a float additive [1, 1, q, kv] mask
+(0 = attend) built on the model's device, where only the new block's part comes from the host.
+Host work per forward is O(q x new kv), never O(context).
+
+Compaction keeps the accepted rows with a device-side index of length O(accepted) per layer, so
+its cost does not grow with the context either.
 """
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+# Prefill logits are reduced to top-m rows this many positions at a time (bounded memory).
+PREFILL_CHUNK = 512
+
 
 @dataclass(frozen=True)
 class QueryBlock:
@@ -20,28 +30,121 @@ class QueryBlock:
 
     tokens: list[int]
     positions: np.ndarray  # int64 [q]
-    visible: np.ndarray  # bool [q, kv - prefix_len]: which non-prefix kv entries each query sees
+    # bool [q - n_causal, kv - prefix_len - n_causal]: which entries after the causal part each
+    # non-causal query sees; None iff the whole block is causal
+    visible: np.ndarray | None
     prefix_len: int  # kv entries every query sees (the committed context in the cache)
+    n_causal: int = 0  # leading queries that are committed text: causal, seen by every later query
+
+    def __post_init__(self) -> None:
+        q = len(self.tokens)
+        if self.positions.shape != (q,):
+            raise ValueError(f"positions has shape {self.positions.shape}, expected ({q},)")
+        if not 0 <= self.n_causal <= q:
+            raise ValueError(f"n_causal {self.n_causal} outside [0, {q}]")
+        if (self.visible is None) != (self.n_causal == q):
+            raise ValueError("visible must be None exactly when the whole block is causal")
+        if self.visible is not None and self.visible.shape[0] != q - self.n_causal:
+            raise ValueError(f"visible has {self.visible.shape[0]} rows for {q - self.n_causal} queries")
+
+    @property
+    def is_causal(self) -> bool:
+        return self.visible is None
+
+    @property
+    def kv_len(self) -> int:
+        """Cache length the block's queries attend over (after the forward)."""
+        extra = 0 if self.visible is None else self.visible.shape[1]
+        return self.prefix_len + self.n_causal + extra
 
 
 def additive_mask(block: QueryBlock, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[1, 1, q, prefix + k] float mask: 0 where visible, dtype-min elsewhere."""
-    q = len(block.tokens)
-    visible = np.concatenate([np.ones((q, block.prefix_len), dtype=bool), block.visible], axis=1)
-    mask = torch.zeros(visible.shape, dtype=dtype)
-    mask.masked_fill_(torch.from_numpy(~visible), torch.finfo(dtype).min)
-    return mask.to(device)[None, None]
+    """[1, 1, q, kv] float mask on `device`: 0 where visible, dtype-min elsewhere.
+
+    The prefix columns are a device-side fill; only the new block's [q, kv - prefix] part is built
+    from host data (and the causal part is a device triangle).
+    """
+    q, c, p = len(block.tokens), block.n_causal, block.prefix_len
+    lowest = torch.finfo(dtype).min
+    mask = torch.zeros((q, block.kv_len), dtype=dtype, device=device)
+    if c:
+        above = torch.ones((c, c), dtype=torch.bool, device=device).triu_(1)
+        mask[:c, p : p + c].masked_fill_(above, lowest)
+        mask[:c, p + c :] = lowest
+    if block.visible is not None:
+        hidden = torch.from_numpy(~block.visible).to(device, non_blocking=True)
+        mask[c:, p + c :].masked_fill_(hidden, lowest)
+    return mask[None, None]
+
+
+def _model_inputs(model: torch.nn.Module, block: QueryBlock) -> dict:
+    device = model.device
+    inputs = {
+        "input_ids": torch.tensor([block.tokens], dtype=torch.long, device=device),
+        "position_ids": torch.from_numpy(block.positions).to(device)[None],
+    }
+    if not block.is_causal:
+        inputs["attention_mask"] = additive_mask(block, model.dtype, device)
+    return inputs
+
+
+def _check_cache(cache: DynamicCache, block: QueryBlock) -> None:
+    have = cache.get_seq_length()
+    if have + len(block.tokens) != block.kv_len:
+        raise ValueError(
+            f"block expects {block.kv_len - len(block.tokens)} cached entries, the cache holds {have}"
+        )
 
 
 @torch.inference_mode()
-def forward_block(model: torch.nn.Module, cache: DynamicCache, block: QueryBlock) -> torch.Tensor:
-    """Run the block on top of the cache (which grows by q entries); return logits [q, V]."""
-    device = model.device
-    ids = torch.tensor([block.tokens], dtype=torch.long, device=device)
-    pos = torch.from_numpy(block.positions).to(device)[None]
-    mask = additive_mask(block, model.dtype, device)
-    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+def forward_block(
+    model: torch.nn.Module, cache: DynamicCache, block: QueryBlock, logits_to_keep: int = 0
+) -> torch.Tensor:
+    """Run the block on top of the cache (which grows by q entries); return fp32 logits.
+
+    logits_to_keep = 0 returns [q, V]; n > 0 returns only the last n rows [n, V] (the model then
+    never materialises the others).
+    """
+    _check_cache(cache, block)
+    out = model(**_model_inputs(model, block), cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
     return out.logits[0].float()
+
+
+@torch.inference_mode()
+def forward_top_logps(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    block: QueryBlock,
+    vocab_size: int,
+    m: int,
+    chunk: int = PREFILL_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the block; return the top-m next-token (log-probs, ids), each [q, m], of every query.
+
+    The model's body runs once; its output head is applied `chunk` positions at a time, so memory
+    is O(chunk x V) and the full [q, V] logits (or fp32 log-softmax over them) never exist.
+    """
+    if chunk <= 0:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    _check_cache(cache, block)
+    body = model.get_decoder()
+    out = body(**_model_inputs(model, block), cache=cache, use_cache=True)
+    hidden = out.last_hidden_state[0]
+    head = model.get_output_embeddings()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    k = min(m, vocab_size)
+    vals, ids = [], []
+    for s in range(0, hidden.shape[0], chunk):
+        logits = head(hidden[s : s + chunk])[:, :vocab_size].float()
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        top, idx = torch.topk(logits, k=k, dim=-1)
+        vals.append(top - torch.logsumexp(logits, dim=-1, keepdim=True))
+        ids.append(idx)
+    if not vals:
+        empty = torch.zeros((0, k), device=hidden.device)
+        return empty, empty.long()
+    return torch.cat(vals), torch.cat(ids)
 
 
 def causal_block(tokens: list[int], start: int, prefix_len: int) -> QueryBlock:
@@ -50,8 +153,9 @@ def causal_block(tokens: list[int], start: int, prefix_len: int) -> QueryBlock:
     return QueryBlock(
         tokens=list(tokens),
         positions=np.arange(start, start + q, dtype=np.int64),
-        visible=np.tril(np.ones((q, q), dtype=bool)),
+        visible=None,
         prefix_len=prefix_len,
+        n_causal=q,
     )
 
 
@@ -62,15 +166,28 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
         cache.crop(-extra)
 
 
+@torch.inference_mode()
 def compact_cache(cache: DynamicCache, keep_prefix: int, keep_rows: list[int]) -> None:
-    """Keep entries [0, keep_prefix) plus the listed later entries, in that order; drop the rest."""
+    """Keep entries [0, keep_prefix) plus the listed later entries, in that order; drop the rest.
+
+    The kept later rows are gathered with one device index of len(keep_rows) entries and written
+    right after the prefix, then the cache is cropped: O(accepted) work per layer.
+    """
     rows = [r for r in keep_rows if r >= keep_prefix]
-    if rows == list(range(keep_prefix, keep_prefix + len(rows))):
-        crop_cache(cache, keep_prefix + len(rows))
+    n = len(rows)
+    if rows == list(range(keep_prefix, keep_prefix + n)):
+        crop_cache(cache, keep_prefix + n)
         return
+    index: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers:
         if layer.keys is None or layer.keys.numel() == 0:
             continue
-        idx = torch.tensor(list(range(keep_prefix)) + rows, device=layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx)
-        layer.values = layer.values.index_select(-2, idx)
+        dev = layer.keys.device
+        if dev not in index:
+            index[dev] = torch.tensor(rows, dtype=torch.long, device=dev)
+        idx = index[dev]
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            picked = t.index_select(-2, idx)  # a copy: safe to write over overlapping rows
+            t[..., keep_prefix : keep_prefix + n, :] = picked
+            setattr(layer, name, t[..., : keep_prefix + n, :])

@@ -5,6 +5,11 @@ of the next tree). `verify` runs the root and the pruned tree in one forward wit
 mask, picks the accepted path (greedy, or lossless rejection sampling at temperature > 0), keeps
 the KV of the root and the accepted path only, and hands back the target's top-m log-probs at
 those positions so the n-gram drafter's score cache stays fresh.
+
+Host work per round does not grow with the context: the mask is built on the device for the new
+block only, compaction gathers O(accepted) rows, greedy acceptance brings one argmax per node to the
+host and sampling keeps the probability rows on the device (decoder/device_rows.py). Prefill keeps
+only the top-m rows the n-gram cache needs, reduced a chunk at a time.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from decoder.device_rows import TorchRow
 from decoder.sampling import sample_walk
-from decoder.tensors import QueryBlock, causal_block, compact_cache, forward_block
+from decoder.tensors import QueryBlock, causal_block, compact_cache, forward_block, forward_top_logps
 from decoder.tree import DraftTree
 
 
@@ -61,8 +67,9 @@ class TargetVerifier:
         body = prompt[:-1]
         if not body:
             return TopLogps(start=0, tokens=[], logps=[])
-        logits = forward_block(self.model, self.cache, causal_block(body, 0, 0))
-        return top_logps(logits[:, : self.vocab_size], self.topk, 0)
+        block = causal_block(body, 0, 0)
+        vals, ids = forward_top_logps(self.model, self.cache, block, self.vocab_size, self.topk)
+        return TopLogps(start=0, tokens=ids.tolist(), logps=vals.tolist())
 
     def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict:
         """One forward over root + tree; accept, compact the cache, return the verdict."""
@@ -75,12 +82,12 @@ class TargetVerifier:
         )
         logits = forward_block(self.model, self.cache, block)[:, : self.vocab_size]
         if temperature == 0:
-            accepted = tree.greedy_accept(logits.argmax(dim=-1).tolist())
-            last = accepted[-1] if accepted else 0
-            bonus = int(logits[last].argmax())
+            target_next = logits.argmax(dim=-1).tolist()
+            accepted = tree.greedy_accept(target_next)
+            bonus = int(target_next[accepted[-1] if accepted else 0])
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
-            accepted, bonus = sample_walk(tree, lambda v: probs[v].cpu().numpy(), rng)
+            accepted, bonus = sample_walk(tree, lambda v: TorchRow(probs[v]), rng)
         rows = [0, *accepted]
         compact_cache(self.cache, prefix, [prefix + r for r in rows])
         return Verdict(accepted=accepted, bonus=bonus, top=top_logps(logits[rows], self.topk, prefix))

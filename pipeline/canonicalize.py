@@ -1,8 +1,10 @@
 """DVC stage ``canonicalize``: action rows -> canonical states (2^D - 1 per report) + grouped folds.
 
 Reads ``collect.out_dir/actions.parquet``; writes ``canonicalize.out_dir/`` states.parquet,
-samples.parquet (features/schemas.py) and metrics.json. The fold column is reused by every later
-stage. One MLflow run ``canonicalize``.
+samples.parquet (features/schemas.py) and metrics.json. The fold column (features/folds.py's
+report split) is reused by every later stage; metrics.json states the assignment of both splits
+(report-grouped Latin square and leave one pair out) report by report. One MLflow run
+``canonicalize``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collectors.plots import new_figure
 from config.params import Params, resolve
 from features.canonical import canonicalize
 from features.collect_schemas import actions_spec
+from features.folds import fold_table, report_folds, with_fold_column
 from features.schemas import samples_spec, states_spec
 from features.tables import read_table, write_table
 from pipeline.cli import run_stage
@@ -30,11 +33,16 @@ def main(params: Params) -> dict:
     with stage_run("canonicalize", params):
         actions = read_table(resolve(params.collect.out_dir) / "actions.parquet", actions_spec(depth))
         tables = canonicalize(actions, depth, params.canonicalize.n_folds)
-        write_table(out / "states.parquet", states_spec(depth), tables.states)
-        write_table(out / "samples.parquet", samples_spec(depth), tables.samples)
-        states = tables.states.to_pydict()
+        folds = report_folds(
+            *(actions.column(c).to_pylist() for c in ("report_id", "pair_id", "dataset_id")),
+            params.canonicalize.n_folds,
+        )
+        state_table = with_fold_column(tables.states, folds)
+        write_table(out / "states.parquet", states_spec(depth), state_table)
+        write_table(out / "samples.parquet", samples_spec(depth), with_fold_column(tables.samples, folds))
+        states = state_table.to_pydict()
+        assignment = fold_table(state_table)
         per_report = Counter(states["report_id"])
-        folds = {r: f for r, f in zip(states["report_id"], states["fold_id"], strict=True)}
         metrics = {
             "n_action_rows": actions.num_rows,
             "n_reports": len(per_report),
@@ -42,7 +50,10 @@ def main(params: Params) -> dict:
             "states_per_report": min(per_report.values()),
             "n_folds": len(set(folds.values())),
             "reports_per_fold": {str(f): n for f, n in sorted(Counter(folds.values()).items())},
+            "n_pair_folds": len({row["pair_fold"] for row in assignment}),
             "mean_rows_per_state": float(np.mean(states["n_rows"])),
+            "fold_split": "report: (pair index + dataset index) mod k, Latin square (features/folds.py)",
+            "folds": {row.pop("report_id"): row for row in assignment},
         }
         write_json(out / "metrics.json", metrics)
         log_metrics(metrics)

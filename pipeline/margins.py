@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 
 from collectors.plots import new_figure
@@ -23,8 +24,8 @@ from decoder.scheduler import load_value_planner
 from decoder.state import state_feature_names
 from features.datasets import column, state_matrix
 from features.schemas import margins_spec, samples_spec, states_spec
-from features.tables import read_table, write_table
-from models.margins import brute_force_margins, oracle_margins
+from features.tables import TableSpec, read_table, write_table
+from models.margins import OracleMargins, brute_force_margins, oracle_margins
 from pipeline.cli import run_stage
 from pipeline.select_signals import read_signals
 from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
@@ -37,9 +38,14 @@ def _brute_force_gap(
     predict: ValueFn, z: np.ndarray, states: pa.Table, search: BranchSearch, depth: int
 ) -> float:
     """Max |exhaustive - brute force| over the first report's states (an always-on self-check)."""
-    rows = np.flatnonzero(column(states, "report_id") == column(states, "report_id")[0])
-    steps, prefixes = column(states, "step")[rows].astype(int), column(states, "prefix")[rows]
-    brute = brute_force_margins(predict, z[rows], steps, [str(p) for p in prefixes], depth)
+    first = (
+        pl.from_arrow(states.select(["report_id", "step", "prefix"]))
+        .with_row_index("row")
+        .filter(pl.col("report_id") == pl.col("report_id").first())
+    )
+    rows = first["row"].to_numpy()
+    steps, prefixes = first["step"].to_numpy().astype(int), first["prefix"].to_list()
+    brute = brute_force_margins(predict, z[rows], steps, prefixes, depth)
     return float(
         max(
             np.max(np.abs(brute.invoke - search.invoke[rows])), np.max(np.abs(brute.skip - search.skip[rows]))
@@ -77,6 +83,39 @@ def value_margins(params: Params, z: np.ndarray, steps: np.ndarray, n_folds: int
     )
 
 
+def margins_table(
+    states: pa.Table,
+    search: BranchSearch,
+    oof: np.ndarray,
+    by_fold: np.ndarray,
+    oracle: OracleMargins,
+    spec: TableSpec,
+) -> pa.Table:
+    """The margins table: the states' keys (same rows, same order) and each state's margins."""
+    n_folds = by_fold.shape[1]
+    table = pl.from_arrow(states.select(list(_KEYS))).with_columns(
+        pl.Series("value_invoke_tok_per_s", search.invoke, pl.Float64),
+        pl.Series("value_skip_tok_per_s", search.skip, pl.Float64),
+        pl.Series("value_invoke_suffix", search.invoke_suffix, pl.String),
+        pl.Series("value_skip_suffix", search.skip_suffix, pl.String),
+        pl.Series("margin_value_tok_per_s", search.margin, pl.Float64),
+        pl.Series("margin_value_oof_tok_per_s", oof, pl.Float64),
+        pl.Series("margin_value_by_fold_tok_per_s", by_fold, pl.Array(pl.Float64, n_folds)).arr.to_list(),
+        pl.Series("oracle_invoke_tok_per_s", oracle.invoke, pl.Float64),
+        pl.Series("oracle_skip_tok_per_s", oracle.skip, pl.Float64),
+        pl.Series("margin_oracle_tok_per_s", oracle.margin, pl.Float64),
+    )
+    return table.select(spec.names).to_arrow().cast(spec.schema)
+
+
+def plot_rows(steps: np.ndarray, value: np.ndarray, oracle: np.ndarray) -> list[dict]:
+    """margins.csv: one row per state (state_id = row index), its step and both margins."""
+    frame = pl.DataFrame(
+        {"step": pl.Series(steps, dtype=pl.Int64), "margin_value": value, "margin_oracle": oracle}
+    )
+    return frame.select(pl.int_range(pl.len()).alias("state_id"), pl.all()).to_dicts()
+
+
 def main(params: Params) -> dict:
     depth = params.tree.depth
     src, out = resolve(params.canonicalize.out_dir), resolve(params.margins.out_dir)
@@ -89,21 +128,10 @@ def main(params: Params) -> dict:
         search, oof = vm.search, vm.by_fold[np.arange(len(z)), folds]
         sample_cols = [column(samples, c) for c in ("state_id", "is_invoke", "throughput_tok_per_s")]
         oracle = oracle_margins(*sample_cols, len(z))
-        table = {
-            **{k: states.column(k) for k in _KEYS},
-            "value_invoke_tok_per_s": search.invoke,
-            "value_skip_tok_per_s": search.skip,
-            "value_invoke_suffix": search.invoke_suffix,
-            "value_skip_suffix": search.skip_suffix,
-            "margin_value_tok_per_s": search.margin,
-            "margin_value_oof_tok_per_s": oof,
-            "margin_value_by_fold_tok_per_s": vm.by_fold.tolist(),
-            "oracle_invoke_tok_per_s": oracle.invoke,
-            "oracle_skip_tok_per_s": oracle.skip,
-            "margin_oracle_tok_per_s": oracle.margin,
-        }
         spec = margins_spec(depth)
-        write_table(out / "margins.parquet", spec, pa.table(table, schema=spec.schema))
+        write_table(
+            out / "margins.parquet", spec, margins_table(states, search, oof, vm.by_fold, oracle, spec)
+        )
         metrics = {
             "n_states": len(z),
             "brute_force_max_abs_diff": _brute_force_gap(vm.predict, z, states, search, depth),
@@ -112,14 +140,7 @@ def main(params: Params) -> dict:
             "share_invoke_value": float(np.mean(search.margin > 0)),
             "share_invoke_oracle": float(np.mean(oracle.margin > 0)),
         }
-        rows = zip(steps, search.margin, oracle.margin, strict=True)
-        write_csv(
-            out / "margins.csv",
-            [
-                {"state_id": i, "step": int(k), "margin_value": v, "margin_oracle": o}
-                for i, (k, v, o) in enumerate(rows)
-            ],
-        )
+        write_csv(out / "margins.csv", plot_rows(steps, search.margin, oracle.margin))
         write_json(out / "metrics.json", metrics)
         log_metrics(metrics)
         _plot(search.margin, oof, oracle.margin)

@@ -1,7 +1,9 @@
 """DVC stage ``select_signals``: rank every k-of-10 subset of tree signals by grouped OOF NMAE.
 
 Reads the canonicalize tables; writes ``select_signals.out_dir/`` signals.json (the chosen ordered
-subset), ranking.csv (every evaluated subset, best first), nmae_by_size.csv and metrics.json.
+subset for the final models, plus ``by_fold``: per split of features/folds.py and outer fold, the
+subset chosen without that fold, which the fold models use), ranking.csv (every evaluated subset
+including the size-0 baseline, best first), nmae_by_size.csv and metrics.json.
 One MLflow run ``select_signals`` with the ranking CSV and plots as artifacts.
 """
 
@@ -18,8 +20,17 @@ from config.params import Params, resolve
 from decoder.planning import value_inputs
 from decoder.state import SIGNAL_NAMES, state_feature_names
 from features.datasets import column, state_matrix
+from features.folds import SPLITS, fold_rows
 from features.schemas import samples_spec, states_spec
-from features.selection import SelectionData, SubsetScore, choose, rank_subsets
+from features.selection import (
+    NestedSelection,
+    SelectionData,
+    SubsetScore,
+    choose,
+    nested_choice,
+    rank_subsets,
+    with_folds,
+)
 from features.tables import read_table
 from pipeline.cli import run_stage
 from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
@@ -62,20 +73,42 @@ def read_signals(params: Params) -> tuple[str, ...]:
     return tuple(json.loads(path.read_text())["signals"])
 
 
+def read_fold_signals(params: Params, split: str) -> list[tuple[str, ...]]:
+    """Per outer fold of ``split`` (index = fold id), the subset chosen without that fold."""
+    path = resolve(params.select_signals.out_dir) / "signals.json"
+    return [tuple(s) for s in json.loads(path.read_text())["by_fold"][split]]
+
+
+def _nested(params: Params, data: SelectionData) -> dict[str, NestedSelection]:
+    cfg, depth = params.select_signals, params.tree.depth
+    samples = read_table(resolve(params.canonicalize.out_dir) / "samples.parquet", samples_spec(depth))
+    folds = {split: fold_rows(samples, split) for split in SPLITS}
+    return {
+        split: nested_choice(with_folds(data, f), SIGNAL_NAMES, cfg.n_signals, cfg.ridge_alpha)
+        for split, f in folds.items()
+        if len(np.unique(f)) >= 3  # two inner folds at least; a split of 2 pairs has no nested story
+    }
+
+
 def main(params: Params) -> dict:
     cfg = params.select_signals
     out = resolve(cfg.out_dir)
-    sizes = sorted({*cfg.sizes, cfg.n_signals})
+    sizes = sorted({0, *cfg.sizes, cfg.n_signals})  # size 0: the no-tree-signal baseline
     with stage_run("select_signals", params):
-        ranking = rank_subsets(load_selection_data(params), SIGNAL_NAMES, sizes, cfg.ridge_alpha)
+        data = load_selection_data(params)
+        ranking = rank_subsets(data, SIGNAL_NAMES, sizes, cfg.ridge_alpha)
         chosen = choose(ranking, cfg.n_signals)
+        nested = _nested(params, data)
         rows = [_row(i + 1, s) for i, s in enumerate(ranking)]
         write_csv(out / "ranking.csv", rows)
         by_size = [
             {"size": k, "best_nmae": min(s.nmae for s in ranking if len(s.signals) == k)} for k in sizes
         ]
         write_csv(out / "nmae_by_size.csv", by_size)
-        write_json(out / "signals.json", {"signals": list(chosen.signals), "nmae": chosen.nmae})
+        by_fold = {split: [list(s.signals) for s in n.by_fold] for split, n in nested.items()}
+        write_json(
+            out / "signals.json", {"signals": list(chosen.signals), "nmae": chosen.nmae, "by_fold": by_fold}
+        )
         public = (
             next(r for r in rows if r["signals"] == "+".join(PUBLIC_SUBSET)) if cfg.n_signals == 6 else None
         )
@@ -86,6 +119,15 @@ def main(params: Params) -> dict:
             "chosen_nmae_accepted": chosen.per_target[0],
             "chosen_nmae_log_latency": chosen.per_target[1],
             "best_nmae_by_size": {str(r["size"]): r["best_nmae"] for r in by_size},
+            "size_0_nmae": choose(ranking, 0).nmae,
+            "nested": {
+                split: {
+                    "outer_oof_nmae": n.outer.nmae,
+                    "folds_choosing_final_subset": sum(s.signals == chosen.signals for s in n.by_fold),
+                    "n_folds": len(n.by_fold),
+                }
+                for split, n in nested.items()
+            },
             **(
                 {"public_subset_nmae": public["nmae"], "public_subset_rank": public["rank"]} if public else {}
             ),

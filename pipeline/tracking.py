@@ -1,32 +1,68 @@
-"""MLflow and file helpers shared by the learning stages (one stage = one run named after it).
+"""MLflow for the pipeline: one parent run per pipeline run, one child run per stage.
 
 Contract: :func:`stage_run` points MLflow at the local SQLite store of ``params.mlflow`` (telemetry
-off; run artifacts in ``mlruns/`` beside the database), opens a run named after the stage, logs the
-stage's params section flattened (``train.lr``), and closes the run (FAILED if the stage raised).
+off; run artifacts in ``mlruns/`` beside the database) and opens a run named after the stage, as a
+child (``mlflow.parentRunId``) of the pipeline run, tagged with the git revision and dirty flag,
+the hash of the params the stage reads and the hash of its input files (pipeline/provenance.py). It
+logs every params entry the stage declares in dvc.yaml, flattened (``collect.max_new_tokens``),
+and ``stage_seconds``; it closes the run (FAILED if the stage raised) and copies the stage's metrics
+onto the parent as ``<stage>/<metric>``, so pipeline runs compare side by side in the UI.
+
+The parent: ``make repro`` runs ``python -m pipeline.tracking start``, which creates it (tagged with
+the overlay, revision and params hash; every param logged) and prints its id, and passes the id to
+``dvc repro`` in the environment variable TREEGRAFT_PIPELINE_RUN (tracking only: no stage output
+depends on it); ``python -m pipeline.tracking end ID RC`` closes it, or deletes it when no stage ran.
+A stage run without that variable (plain ``dvc repro``, ``dvc exp run``, ``python -m
+pipeline.<stage>``) reuses the newest parent with the same pipeline key (git revision, and the hash of
+params.yaml plus the stage's overlay) or creates one, so it is still grouped.
+
 Plots go through :func:`log_figure` (matplotlib, Agg backend). Metrics files are nested JSON for
 ``dvc metrics show``; plot data are CSV for ``dvc plots``.
 
-CLI: ``python -m pipeline.tracking ui`` starts the MLflow UI on 127.0.0.1 (one worker, no job
-execution) on the configured store.
+CLI: ``python -m pipeline.tracking {start,end,ui}``; ``ui`` serves the MLflow UI on 127.0.0.1 (one
+worker, no job execution) and prints links to the experiment and to the newest pipeline run of
+each overlay side by side.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
-import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from config.params import ROOT, MlflowParams, Params, resolve
+from config.params import ROOT, MlflowParams, Params, load_params, resolve
+from pipeline.provenance import (
+    GitState,
+    data_hash,
+    declared_values,
+    flatten,
+    git_state,
+    json_sha256,
+    stage_inputs,
+)
+from pipeline.provenance import file_sha256 as file_sha256
+from pipeline.provenance import git_revision as git_revision
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+log = logging.getLogger(__name__)
+
+PARENT_ENV = "TREEGRAFT_PIPELINE_RUN"
+KIND, KEY, STAGE, OVERLAY = "pipeline.kind", "pipeline.key", "pipeline.stage", "pipeline.overlay"
+PARAMS_HASH, DATA_HASH, DATA_INPUTS = "params.hash", "data.hash", "data.inputs"
+GIT_REVISION, GIT_DIRTY = "git.revision", "git.dirty"
+UNTRACKED = ("mlflow",)  # where runs are written: not part of what a pipeline run computes
 
 
 def tracking_uri(p: MlflowParams) -> str:
@@ -38,34 +74,134 @@ def artifact_root(p: MlflowParams) -> Path:
     return resolve(p.db).parent / "mlruns"
 
 
-def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dataclasses/mappings -> {'a.b': value}; tuples become comma-joined strings."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        obj = dataclasses.asdict(obj)
-    if isinstance(obj, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(obj, list | tuple):
-        obj = ",".join(map(str, obj))
-    return {prefix[:-1]: obj}
+def open_store(p: MlflowParams) -> tuple[Any, str]:
+    """(MlflowClient, experiment id) of the configured store; the experiment is created if missing."""
+    import mlflow
+
+    uri = tracking_uri(p)
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.get_experiment_by_name(p.experiment)
+    if exp is None:
+        # Artifacts live next to the database, not in ./mlruns of whatever the working directory is.
+        exp_id = mlflow.create_experiment(p.experiment, artifact_location=artifact_root(p).as_uri())
+    else:
+        exp_id = exp.experiment_id
+    return mlflow.MlflowClient(uri), exp_id
+
+
+def _git_tags(git: GitState) -> dict[str, str]:
+    return {
+        GIT_REVISION: git.revision,
+        GIT_DIRTY: str(git.dirty).lower(),
+        "mlflow.source.git.commit": git.revision,
+    }
+
+
+def _log_params(client: Any, run_id: str, values: Mapping[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)) for k, v in sorted(values.items())]
+    for i in range(0, len(items), 100):  # the store's batch limit
+        client.log_batch(run_id, params=items[i : i + 100])
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineIdentity:
+    """What groups stage runs into one pipeline run when no parent id is passed down."""
+
+    overlay: str
+    values: dict[str, Any]  # every param of params.yaml + overlay, flattened (mlflow excluded)
+    params_hash: str
+    git: GitState
+    key: str
+
+
+def pipeline_identity(overlay: str) -> PipelineIdentity:
+    full = dataclasses.asdict(load_params(profile=overlay))
+    values = flatten({k: v for k, v in full.items() if k not in UNTRACKED})
+    p_hash, git = json_sha256(values), git_state()
+    # Not the dirty diff: editing a file while a pipeline runs must not split its stages apart.
+    key = json_sha256({"params": p_hash, "revision": git.revision})
+    return PipelineIdentity(overlay, values, p_hash, git, key)
+
+
+def create_pipeline_run(client: Any, exp_id: str, ident: PipelineIdentity, finished: bool) -> str:
+    """A parent run named ``<overlay> @ <revision>`` with every param logged; returns its id."""
+    dirty = "+dirty" if ident.git.dirty else ""
+    tags = {
+        KIND: "pipeline",
+        KEY: ident.key,
+        OVERLAY: ident.overlay,
+        PARAMS_HASH: ident.params_hash,
+        **_git_tags(ident.git),
+    }
+    run = client.create_run(exp_id, run_name=f"{ident.overlay} @ {ident.git.revision[:8]}{dirty}", tags=tags)
+    _log_params(client, run.info.run_id, ident.values)
+    if finished:  # created by a stage outside `make repro`: nobody will close it later
+        client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def parent_run(client: Any, exp_id: str, overlay: str) -> str:
+    """The pipeline run a stage belongs to: TREEGRAFT_PIPELINE_RUN, else found or made by key."""
+    from mlflow.exceptions import MlflowException
+
+    given = os.environ.get(PARENT_ENV)
+    if given:
+        try:
+            run = client.get_run(given)
+            if run.info.experiment_id == exp_id and run.info.lifecycle_stage == "active":
+                return given
+        except MlflowException:
+            pass
+        log.warning("%s=%s is not a live run of this experiment: grouping by key instead", PARENT_ENV, given)
+    ident = pipeline_identity(overlay)
+    found = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.`{KIND}` = 'pipeline' and tags.`{KEY}` = '{ident.key}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return found[0].info.run_id if found else create_pipeline_run(client, exp_id, ident, finished=True)
+
+
+def _copy_metrics_to_parent(client: Any, run_id: str, parent_id: str, stage: str) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(f"{stage}/{k}", v, now, 0) for k, v in client.get_run(run_id).data.metrics.items()]
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(parent_id, metrics=metrics[i : i + 1000])
 
 
 @contextmanager
 def stage_run(stage: str, params: Params) -> Iterator[Any]:
-    """An MLflow run named ``stage`` with the stage's params section logged; yields the run."""
+    """The stage's MLflow run, a child of the pipeline run, with its params and tags; yields the run."""
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(params.mlflow))
-    name = params.mlflow.experiment
-    if mlflow.get_experiment_by_name(name) is None:
-        # Artifacts live next to the database, not in ./mlruns of whatever the working directory is.
-        mlflow.create_experiment(name, artifact_location=artifact_root(params.mlflow).as_uri())
-    mlflow.set_experiment(name)
-    with mlflow.start_run(run_name=stage) as run:
-        mlflow.log_params({**flatten(getattr(params, stage)), "tree.depth": params.tree.depth})
+    client, exp_id = open_store(params.mlflow)
+    values = declared_values(stage, params)
+    inputs = stage_inputs(stage, params)
+    parent = parent_run(client, exp_id, params.overlay)
+    tags = {
+        KIND: "stage",
+        STAGE: stage,
+        OVERLAY: params.overlay,
+        PARAMS_HASH: json_sha256(values),
+        DATA_HASH: data_hash(inputs),
+        DATA_INPUTS: ",".join(_shown(p) for p in inputs),
+        **_git_tags(git_state()),
+    }
+    t0 = time.perf_counter()
+    with mlflow.start_run(experiment_id=exp_id, run_name=stage, parent_run_id=parent, tags=tags) as run:
+        _log_params(client, run.info.run_id, values)
         yield run
+        mlflow.log_metric("stage_seconds", time.perf_counter() - t0)
+    _copy_metrics_to_parent(client, run.info.run_id, parent, stage)
+
+
+def _shown(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
 def lightning_logger(params: Params, run: Any) -> Any:
@@ -115,40 +251,76 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def start_pipeline(params: Params) -> str:
+    """Create a RUNNING parent run for a pipeline run (``make repro``); returns its id."""
+    client, exp_id = open_store(params.mlflow)
+    return create_pipeline_run(client, exp_id, pipeline_identity(params.overlay), finished=False)
 
 
-def git_revision() -> str:
-    """``git rev-parse HEAD`` of the repository, or "unknown" outside git."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def end_pipeline(params: Params, run_id: str, returncode: int) -> bool:
+    """Close a parent run (FAILED if dvc failed); delete it if no stage ran. True if kept."""
+    client, exp_id = open_store(params.mlflow)
+    children = client.search_runs(
+        [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'", max_results=1
+    )
+    if not children:
+        client.delete_run(run_id)  # every stage was up to date: an empty parent is only clutter
+        return False
+    client.set_terminated(run_id, "FINISHED" if returncode == 0 else "FAILED")
+    return True
+
+
+def ui_links(params: Params, port: str) -> list[str]:
+    """The experiment page and a side-by-side page of the newest pipeline run of each overlay."""
+    client, exp_id = open_store(params.mlflow)
+    base = f"http://127.0.0.1:{port}/#"
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.`{KIND}` = 'pipeline'",
+        order_by=["attributes.start_time DESC"],
+        max_results=200,
+    )
+    newest: dict[str, str] = {}
+    for run in runs:
+        newest.setdefault(run.data.tags.get(OVERLAY, ""), run.info.run_id)
+    links = [f"{base}/experiments/{exp_id}"]
+    if len(newest) >= 2:
+        ids = json.dumps(list(newest.values())[:4]).replace(" ", "")
+        links.append(f'{base}/compare-runs?runs={ids}&experiments=["{exp_id}"]')
+    return links
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``ui``: serve the MLflow UI of params.yaml's store on 127.0.0.1."""
-    from config.params import load_params
-
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] != ["ui"]:
-        print("usage: python -m pipeline.tracking ui [--port N] [--profile NAME]")
-        return 2
-    port = args[args.index("--port") + 1] if "--port" in args else "5000"
-    profile = args[args.index("--profile") + 1] if "--profile" in args else None
-    uri = tracking_uri(load_params(profile=profile).mlflow)
+    parser = argparse.ArgumentParser(prog="python -m pipeline.tracking")
+    parser.add_argument(
+        "--profile", default=None, help="profiles/<name>.yaml overlay (default: params.yaml's)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("start", help="create a pipeline (parent) run and print its id")
+    end = sub.add_parser("end", help="close a pipeline run (delete it if no stage ran)")
+    end.add_argument("run_id")
+    end.add_argument("returncode", type=int, nargs="?", default=0)
+    ui = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")
+    ui.add_argument("--port", default="5000")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING)
+    params = load_params(profile=args.profile)
+    if args.command == "start":
+        print(start_pipeline(params))
+        return 0
+    if args.command == "end":
+        kept = end_pipeline(params, args.run_id, args.returncode)
+        print(
+            f"pipeline run {args.run_id}: " + ("closed" if kept else "no stage ran, removed"), file=sys.stderr
+        )
+        return 0
+    uri = tracking_uri(params.mlflow)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1"]
-    print(f"MLflow UI for {uri} on http://127.0.0.1:{port}")
-    return subprocess.call([*cmd, "--port", port, "--workers", "1"], env=env)
+    print(f"MLflow UI for {uri}:")
+    for link in ui_links(params, args.port):
+        print(f"  {link}")
+    return subprocess.call([*cmd, "--port", args.port, "--workers", "1"], env=env)
 
 
 if __name__ == "__main__":

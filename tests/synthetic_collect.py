@@ -4,6 +4,11 @@ Each report is a pair/dataset with its own timings and mid-drafter gain: some fa
 some All-Small, some a mixed schedule. Accepted length grows with mid calls with diminishing
 returns (odd steps worth more); latency adds the mid call time per call. Tree signals depend on
 the prefix plus per-trajectory noise, so action rows of one state differ and must be merged.
+
+``planted`` names one tree signal that instead carries the report's hidden mid-drafter quality
+(gain per unit of mid call time), which largely decides whether invoking pays; the other signals
+then carry no gain term, so only the planted one reveals it: a signal selection must choose it
+and a student can learn the margin's sign from it.
 """
 
 from __future__ import annotations
@@ -51,18 +56,23 @@ def _signals(rng: np.random.Generator, k: int, prefix: tuple[bool, ...], gain: f
     ]
 
 
-def synthetic_tables(n_reports: int = 6, depth: int = 5, seed: int = 0) -> tuple[pa.Table, pa.Table]:
-    """(actions, trajectories) with features.collect_schemas' specs."""
+def synthetic_tables(
+    n_reports: int = 6, depth: int = 5, seed: int = 0, planted: str | None = None
+) -> tuple[pa.Table, pa.Table]:
+    """(actions, trajectories) with features.collect_schemas' specs; see the module doc for planted."""
     rng = np.random.default_rng(seed)
+    slot = SIGNAL_NAMES.index(planted) if planted is not None else None
     actions, trajectories = [], []
     for r in range(n_reports):
         key = {"report_id": f"pair{r % 3}/ds{r // 3}", "pair_id": f"pair{r % 3}", "dataset_id": f"ds{r // 3}"}
         target_ms = float(rng.uniform(20, 70))
         mid_ms = float(rng.uniform(2, 12))
-        gain = float(rng.uniform(0.1, 1.2)) * mid_ms / 6
+        quality = float(rng.uniform(0.1, 1.2))
+        gain = quality * mid_ms / 6
         a0 = float(rng.uniform(0.8, 2.0))
         prompt_tokens = int(rng.integers(50, 300))
         context = [math.log1p(prompt_tokens), target_ms, mid_ms, math.log(target_ms / mid_ms)]
+        mid_lag = 1 + prompt_tokens % 7  # tokens the mid drafter's cache lacks at a round's start
         for sid in range(2**depth):
             bits = schedule_bits(sid, depth)
             a, latency = _outcome(bits, gain, a0, target_ms, mid_ms)
@@ -96,6 +106,9 @@ def synthetic_tables(n_reports: int = 6, depth: int = 5, seed: int = 0) -> tuple
                 }
             )
             for k in range(1, depth + 1):
+                signals = _signals(rng, k, bits[: k - 1], gain if slot is None else 0.0)
+                if slot is not None:
+                    signals[slot] = quality
                 actions.append(
                     {
                         **key,
@@ -106,9 +119,13 @@ def synthetic_tables(n_reports: int = 6, depth: int = 5, seed: int = 0) -> tuple
                         "suffix": text[k:],
                         **dict(zip(CONTEXT_NAMES, context, strict=True)),
                         **dict(
-                            zip(history_names(depth), history_features(k, depth, bits[: k - 1]), strict=True)
+                            zip(
+                                history_names(depth),
+                                history_features(k, depth, bits[: k - 1], mid_lag),
+                                strict=True,
+                            )
                         ),
-                        **dict(zip(SIGNAL_NAMES, _signals(rng, k, bits[: k - 1], gain), strict=True)),
+                        **dict(zip(SIGNAL_NAMES, signals, strict=True)),
                         "mean_accepted_length": a,
                         "round_latency_ms": latency,
                         "throughput_tok_per_s": tput,
@@ -117,8 +134,10 @@ def synthetic_tables(n_reports: int = 6, depth: int = 5, seed: int = 0) -> tuple
     return to_table(actions_spec(depth), actions), to_table(TRAJECTORIES, trajectories)
 
 
-def write_synthetic_collect(out_dir: Path, n_reports: int = 6, depth: int = 5, seed: int = 0) -> None:
+def write_synthetic_collect(
+    out_dir: Path, n_reports: int = 6, depth: int = 5, seed: int = 0, planted: str | None = None
+) -> None:
     """actions.parquet and trajectories.parquet under out_dir, as the collect stage writes them."""
-    actions, trajectories = synthetic_tables(n_reports, depth, seed)
+    actions, trajectories = synthetic_tables(n_reports, depth, seed, planted)
     write_table(out_dir / "actions.parquet", actions_spec(depth), actions)
     write_table(out_dir / "trajectories.parquet", TRAJECTORIES, trajectories)

@@ -87,3 +87,25 @@ def test_folds_are_grouped_and_deterministic():
     assert set(assign_folds(reports[:3], 5).values()) == {0, 1, 2}
     with pytest.raises(ValueError, match="at least 2 reports"):
         assign_folds(["only"], 5)
+
+
+def test_merge_is_the_row_weighted_mean_and_copies_single_rows():
+    rng = np.random.default_rng(5)
+    keys = [("r0", 1, ""), ("r0", 2, "1"), ("r0", 1, ""), ("r1", 1, ""), ("r0", 1, "")]
+    feats = rng.normal(size=(5, 3)) * 1e3
+    weights = np.array([1, 4, 2, 7, 3])
+    merged = merge_states(keys, feats, weights)
+    assert merged.keys == [("r0", 1, ""), ("r0", 2, "1"), ("r1", 1, "")]
+    assert merged.weights.tolist() == [6, 4, 7]
+    want = (feats[[0, 2, 4]] * weights[[0, 2, 4], None]).sum(axis=0) / 6
+    np.testing.assert_allclose(merged.features[0], want, rtol=1e-13)
+    assert np.array_equal(merged.features[1], feats[1]) and np.array_equal(merged.features[2], feats[3])
+
+
+def test_a_report_spanning_two_pairs_is_refused(actions):
+    pair = pa.compute.if_else(
+        pa.compute.equal(actions["schedule_id"], 3), pa.scalar("other"), actions["pair_id"]
+    )
+    tampered = actions.set_column(actions.schema.get_field_index("pair_id"), "pair_id", pair)
+    with pytest.raises(ValueError, match="more than one pair or dataset"):
+        canonicalize(tampered, depth=5, n_folds=5)

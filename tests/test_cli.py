@@ -8,17 +8,35 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import save_pair, train_tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from decoder.generate import encode_prompt, main
+from decoder.templates import jinja_chat_template
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def stdlib_texts() -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:20]]
+
+
 @pytest.fixture(scope="module")
 def pair_dir(tmp_path_factory):
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:20]]
     root = tmp_path_factory.mktemp("cli")
-    save_pair(root, train_tokenizer(texts, vocab=300), seed=41)
+    save_pair(root, train_tokenizer(stdlib_texts(), vocab=300), seed=41)
+    return root
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    """A pair whose tokenizer carries a ChatML chat template, as instruct checkpoints do."""
+    root = tmp_path_factory.mktemp("chat")
+    tok = train_tokenizer(stdlib_texts(), vocab=300)
+    tok.chat_template = jinja_chat_template("chatml")
+    save_pair(root, tok, seed=43)
     return root
 
 
@@ -30,6 +48,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         cwd=ROOT,
         timeout=300,
     )
+
+
+def table_of(stdout: str) -> dict[str, list[str]]:
+    return {ln.split()[0]: ln.split() for ln in stdout.splitlines() if ln.startswith(("ar ", "10101 "))}
 
 
 def test_cli_prints_text_and_side_by_side_table(pair_dir):
@@ -46,10 +68,42 @@ def test_cli_prints_text_and_side_by_side_table(pair_dir):
         "24",
     )
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    table = {ln.split()[0]: ln.split() for ln in lines if ln.startswith(("ar ", "10101 "))}
+    table = table_of(out.stdout)
     assert set(table) == {"ar", "10101"}
     assert table["ar"][3] == "1.00x" and table["10101"][-1] == "yes"
+
+
+def greedy_text(folder: Path, ids: list[int], max_new: int) -> str:
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    out = model.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=max_new,
+        pad_token_id=tok.eos_token_id,
+    )
+    return tok.decode(out[0, len(ids) :].tolist())
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_cli_on_a_chat_tokenizer(chat_dir, raw):
+    """Both the chat-template path and --raw print the target's own greedy text and the table."""
+    tok = AutoTokenizer.from_pretrained(chat_dir / "target", local_files_only=True)
+    prompt = "def main():\n    return"
+    ids = encode_prompt(tok, prompt, raw=raw)
+    rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    templated = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    # the template path is the tokenizer's own rendering; --raw is the bare prompt
+    assert (ids == templated) != raw and ids == (tok(prompt)["input_ids"] if raw else templated)
+    args = ["--target", str(chat_dir / "target"), "--mid", str(chat_dir / "mid"), "--prompt", prompt]
+    out = run_cli(*args, "--policy", "10101", "--max-new-tokens", "20", *(["--raw"] if raw else []))
+    assert out.returncode == 0, out.stderr
+    expect = greedy_text(chat_dir / "target", ids, 20)
+    assert out.stdout.startswith(expect + "\n\n"), (out.stdout, expect)
+    table = table_of(out.stdout)
+    assert set(table) == {"ar", "10101"} and table["10101"][-1] == "yes"
+    assert int(table["ar"][1]) == int(table["10101"][1]) > 0
 
 
 @pytest.mark.parametrize(
@@ -64,4 +118,34 @@ def test_cli_bad_input(pair_dir, args, message):
     base = {"--target": str(pair_dir / "target"), "--mid": str(pair_dir / "mid"), "--prompt": "x = 1"}
     argv = [x for k, v in base.items() if k not in args for x in (k, v)] + args
     out = run_cli(*argv, "--raw")
-    assert out.returncode == 2 and message in out.stdout
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "/nonexistent/model"], r"/nonexistent/model: not a model folder"),
+        (["--dtype", "float8"], "dtype must be one of"),
+        (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "tpu"], "device"),
+        (["--device", "nonsense"], "is not a torch device"),
+        (["--temperature", "nan"], "--temperature must be a finite number"),
+        (["--mid", "/nonexistent/mid"], r"/nonexistent/mid: not a model folder"),
+    ],
+)
+def test_cli_bad_paths_and_flags_are_one_clear_line(pair_dir, capsys, args, message):
+    base = {"--target": str(pair_dir / "target"), "--mid": str(pair_dir / "mid"), "--prompt": "x = 1"}
+    argv = [x for k, v in base.items() if k not in args for x in (k, v)] + args
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last
+
+
+def test_cli_mid_policy_without_mid_is_a_clear_error(pair_dir, capsys):
+    assert main(["--target", str(pair_dir / "target"), "--prompt", "x", "--policy", "all-mid"]) == 2
+    assert "pass --mid PATH" in capsys.readouterr().err
+
+
+def test_cli_malformed_flag_is_reported_by_argparse(pair_dir, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--target", str(pair_dir / "target"), "--prompt", "x", "--max-new-tokens", "many"])
+    assert exc.value.code == 2 and "invalid int value: 'many'" in capsys.readouterr().err

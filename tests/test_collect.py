@@ -1,23 +1,30 @@
-"""Collectors: replay equals execute, the collect stage end to end, resume, bad input, Ray."""
+"""Collectors: replay equals execute, the collect stage end to end, resume, bad input, Ray.
+
+Kill, corrupt-file and param-change resume cases: tests/test_resume.py.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
-import sysconfig
+import shutil
 from pathlib import Path
 
 import pytest
-from conftest import noisy_copy, save_pair, tiny_model, train_tokenizer
+from collect_workspace import build_workspace, merged_bytes, params_for, report_stamps, run_collect
+from conftest import noisy_copy, tiny_model
 
+from collectors import report
 from collectors.execute import execute_prompt
+from collectors.plan import plan_reports
 from collectors.replay import Replayer
-from config.params import load_params
+from collectors.report import inputs_key
+from config.params import Params, load_params
 from decoder.config import DecodeConfig
 from decoder.models import make_pair
 from decoder.policies import schedule_bits
-from features.tables import SchemaError
 from pipeline import collect
 from pipeline.cli import stage_params
 
@@ -47,63 +54,27 @@ def test_replay_equals_execute_exactly(arch):
             assert [r.accepted for r in rounds] == [r.accepted for r in rep.rounds[s]], bits
             assert n == rep.n_tokens[s]
             for a, b in zip(rounds, rep.rounds[s], strict=True):
-                assert (a.verified_nodes, a.mid_call_tokens, a.small_steps, a.emitted) == (
-                    b.verified_nodes, b.mid_call_tokens, b.small_steps, b.emitted,
+                assert (a.verified_nodes, a.mid_call_tokens, a.small_steps, a.emitted, a.mid_lag) == (
+                    b.verified_nodes, b.mid_call_tokens, b.small_steps, b.emitted, b.mid_lag,
                 )  # fmt: skip
                 flat = [x for step in b.signals for x in step]
                 assert [x for step in a.signals for x in step] == pytest.approx(flat, rel=1e-5, abs=1e-6)
 
 
-QUESTIONS = [
-    "Explain what this function does and how to test it.",
-    "Summarize the module below in two sentences.",
-    "Write a docstring for the following class.",
-]
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return build_workspace(tmp_path_factory.mktemp("collect"))
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
-    """Question files, a saved pair with a trained tokenizer and its latency profile."""
-    root = tmp_path_factory.mktemp("collect")
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:25]]
-    for d, name in enumerate(["code", "chat"]):
-        lines = [
-            json.dumps({"question_id": i, "category": name, "turns": [q + "\n" + texts[d * 3 + i][:300]]})
-            for i, q in enumerate(QUESTIONS)
-        ]
-        (root / "data" / name).mkdir(parents=True)
-        (root / "data" / name / "question.jsonl").write_text("\n".join(lines) + "\n")
-    save_pair(root / "pair", train_tokenizer(texts, vocab=300), seed=61)
-    from pipeline.profile import main as profile_main
-
-    profile_main(stage_params("profile", params_for(root)))
-    return root
-
-
-def run_collect(params):
-    """The collect stage as DVC runs it: only the params its dvc.yaml entry lists are readable."""
-    return collect.main(stage_params("collect", params))
-
-
-def params_for(root: Path, **collect):
-    return load_params(
-        profile="smoke",
-        overrides={
-            "data": {"out_dir": str(root / "data")},
-            "pairs": {"tiny": {"target": str(root / "pair/target"), "mid": str(root / "pair/mid"),
-                               "dtype": "float32", "device": "cpu", "template": "zoo"}},
-            "profile": {"pairs": ["tiny"], "out_dir": str(root / "profile"), "sizes": [1, 16, 64, 160]},
-            "collect": {"out_dir": str(root / collect.pop("name", "out")), "pairs": ["tiny"],
-                        "datasets": ["code", "chat"], "prompts_per_report": 2, "max_new_tokens": 12,
-                        **collect},
-        },
-    )  # fmt: skip
-
-
-def test_collect_stage_rows_summary_and_second_run_resumes(workspace):
+def finished(workspace) -> tuple[Params, dict]:
+    """One uninterrupted collect run (the reference the resume tests compare with)."""
     params = params_for(workspace)
-    metrics = run_collect(params)
+    return params, run_collect(params)
+
+
+def test_collect_stage_rows_summary_and_second_run_resumes(finished):
+    params, metrics = finished
     out = Path(params.collect.out_dir)
     from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
     from features.tables import read_table
@@ -116,31 +87,50 @@ def test_collect_stage_rows_summary_and_second_run_resumes(workspace):
     assert sorted(set(traj.column("schedule_id").to_pylist())) == list(range(32))
     assert sum(rounds.column("is_round_best").to_pylist()) == rounds.num_rows // 32
     assert metrics["n_reports"] == 2 and (out / "summary.md").read_text().count("| tiny__") == 2
-    stamps = {p: p.stat().st_mtime_ns for p in (out / "reports").rglob("*.parquet")}
+    stamps = report_stamps(params)
+    before = merged_bytes(params)
     run_collect(params)
-    assert stamps == {p: p.stat().st_mtime_ns for p in (out / "reports").rglob("*.parquet")}
+    assert stamps == report_stamps(params) and merged_bytes(params) == before
 
 
-def test_interrupted_run_resumes_at_the_first_missing_report(workspace, monkeypatch):
-    params = params_for(workspace, name="interrupted")
+def spy_reports(monkeypatch) -> list[str]:
+    """Record the report ids the stage collects (reused reports are never passed to run_report)."""
+    calls: list[str] = []
     real = collect.run_report
-    calls = []
 
-    def flaky(params, spec, reports_dir, progress=True):
+    def spy(params, spec, reports_dir, progress=True, inputs=None):
         calls.append(spec.report_id)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(params, spec, reports_dir, progress)
+        return real(params, spec, reports_dir, progress, inputs)
 
-    monkeypatch.setattr(collect, "run_report", flaky)
+    monkeypatch.setattr(collect, "run_report", spy)
+    return calls
+
+
+def test_interrupt_between_reports_resumes_with_only_the_unfinished_one(workspace, finished, monkeypatch):
+    params = params_for(workspace, name="interrupted")
+    first, second = [s.report_id for s in plan_reports(stage_params("collect", params)).reports]
+    real_write = report.write_table
+    written: list[Path] = []
+
+    def dying_write(path, spec, table):
+        if len(written) == 4:  # the first report is in place, the second half-written: interrupt
+            raise KeyboardInterrupt
+        real_write(path, spec, table)
+        written.append(path)
+
+    monkeypatch.setattr(report, "write_table", dying_write)
     with pytest.raises(KeyboardInterrupt):
         run_collect(params)
+    monkeypatch.undo()
     reports = Path(params.collect.out_dir) / "reports"
-    assert [p.name for p in reports.iterdir()] == [calls[0]]  # one complete report, nothing half-written
-    calls.clear()
+    assert {p.parent.name for p in written} == {f".tmp-{os.getpid()}-{first}", f".tmp-{os.getpid()}-{second}"}
+    assert [p.name for p in reports.iterdir()] == [first]  # nothing half-written is left
+    stamps = report_stamps(params)
+    calls = spy_reports(monkeypatch)
     run_collect(params)
-    assert (len(calls) == 1 and calls[0] != sorted(p.name for p in reports.iterdir())[0]) or len(calls) == 1
-    assert len(list(reports.iterdir())) == 2
+    assert calls == [second]
+    assert {p: t for p, t in report_stamps(params).items() if p.parent.name == first} == stamps
+    assert merged_bytes(params) == merged_bytes(finished[0])
 
 
 @pytest.mark.parametrize(
@@ -166,16 +156,25 @@ def test_unsupported_depth(workspace):
         run_collect(params)
 
 
-def test_output_folder_of_another_schema_version_is_refused_untouched(workspace):
+def test_report_of_another_schema_version_is_recollected_with_a_warning(
+    workspace, finished, monkeypatch, caplog
+):
     params = params_for(workspace, name="old")
-    old = Path(params.collect.out_dir) / "reports" / "tiny__code__0-2"
-    old.mkdir(parents=True)
-    manifest = old / "manifest.json"
-    manifest.write_text(json.dumps({"report_id": old.name, "schemas": {"trajectories": "trajectories/v0"}}))
-    before = manifest.read_bytes()
-    with pytest.raises(SchemaError, match="this run writes"):
+    reports = Path(params.collect.out_dir) / "reports"
+    shutil.copytree(Path(finished[0].collect.out_dir) / "reports", reports)
+    manifest = reports / "tiny__code__0-2" / "manifest.json"
+    old = json.loads(manifest.read_text())
+    old["inputs"]["schema.trajectories"] = "trajectories/v0"
+    old["key"] = inputs_key(old["inputs"])
+    manifest.write_text(json.dumps(old))
+    calls = spy_reports(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="collectors.report"):
         run_collect(params)
-    assert manifest.read_bytes() == before and sorted(p.name for p in old.iterdir()) == ["manifest.json"]
+    assert calls == ["tiny__code__0-2"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert str(manifest) in warning and "schema.trajectories: 'trajectories/v0' -> 'trajectories/" in warning
+    assert json.loads(manifest.read_text())["key"] != old["key"]
+    assert merged_bytes(params) == merged_bytes(finished[0])
 
 
 def test_ray_backend_matches_local(workspace):

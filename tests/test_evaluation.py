@@ -99,7 +99,7 @@ def test_gains_tables_and_groups():
         ]
     gains = student_gains(rows)
     assert gains["fitting"] == [pytest.approx(1.2)] and gains["held-out pair"] == [pytest.approx(0.9)]
-    table = main_table(rows)
+    table = main_table(rows, "speedup")
     assert "| a | x | fitting |" in table and "+20.0%" in table and "-10.0%" in table
     assert summary_metrics(rows)["speedup.fitting"]["student_gain_worst"] == pytest.approx(1.2)
     assert "| a | x | full |" in ablation_table([_row("a", "x", "full", 1.1)])

@@ -22,14 +22,20 @@ from collectors.latency import (
     SCHEMA_VERSION,
     LatencyProfile,
     RoundCounts,
+    compare_profiles,
     counts_from_round,
+    fed_before_calls,
     interpolate,
+    interpolate_grid,
     load_profile,
     price_ar,
     price_round,
     save_profile,
 )
-from collectors.profiling import measure_profile, random_tree, reference_context
+from collectors.profile_rounds import grown, prefix_tree, random_tree, reference_context, student_like
+from collectors.profiling import Job, fit_small_step, measure_profile, robust_medians
+from collectors.records import RoundRecord
+from collectors.replay import small_frontier
 from config.params import ProfileParams
 from decoder.config import DecodeConfig
 from decoder.generate import generate
@@ -37,6 +43,7 @@ from decoder.models import make_pair
 from pipeline.profile import format_table, run_profile
 
 SIZES = (1, 4, 16)
+MID_TOKENS, MID_FED = (1, 8), (0, 4)
 
 
 @pytest.fixture(scope="module")
@@ -47,49 +54,75 @@ def pair():
 
 @pytest.fixture(scope="module")
 def measured(pair) -> LatencyProfile:
-    return measure_profile(pair, "tiny", context_len=32, sizes=SIZES, warmup=1, repeats=3, overhead_tokens=16)
+    return measure_profile(
+        pair, "tiny", context_len=32, sizes=SIZES, warmup=1, repeats=3, mid_tokens=MID_TOKENS, mid_fed=MID_FED
+    )
+
+
+MID_COLS, MID_ROWS = (1, 8, 32), (0, 16, 64)
 
 
 def linear_profile(scale: float = 1.0, **kw) -> LatencyProfile:
-    """Hand-made: verify 2 + 0.5 n ms, mid 1 + 0.25 n ms, all times multiplied by `scale`."""
+    """Hand-made, all times x `scale`: verify 2 + 0.5 n, mid 1 + 0.25 n + 0.01 fed, small step
+    0.1 + 0.02 per frontier node (mean frontier 5), decision 0.01, AR 3, tree 0.3 + 0.002 n."""
     fields = dict(
         pair="hand",
         device="cpu",
         device_name="test",
         torch_threads=1,
+        clock="wall",
         torch_version="0",
         dtype="float32",
         context_len=256,
         warmup=3,
         repeats=15,
+        samples_per_repeat=3,
         verify_points=tuple((n, scale * (2 + 0.5 * n)) for n in (1, 2, 4, 8, 64)),
-        mid_points=tuple((n, scale * (1 + 0.25 * n)) for n in (1, 8, 32)),
+        mid_tokens=MID_COLS,
+        mid_fed=MID_ROWS,
+        mid_grid_ms=tuple(tuple(scale * (1 + 0.25 * n + 0.01 * f) for n in MID_COLS) for f in MID_ROWS),
+        mid_end_ms=scale * 0.05,
         ngram_step_ms=scale * 0.1,
-        scheduler_ms=scale * 0.01,
+        ngram_node_ms=scale * 0.02,
+        ngram_mean_frontier=5.0,
+        decision_ms=scale * 0.01,
         ar_token_ms=scale * 3.0,
-        tree_overhead_ms=scale * 0.5,
+        tree_points=tuple((n, scale * (0.3 + 0.002 * n)) for n in (1, 64, 512)),
     )
     return LatencyProfile(**{**fields, **kw})
 
 
 def test_measured_profile_is_sane(measured: LatencyProfile) -> None:
-    assert [n for n, _ in measured.verify_points] == list(SIZES)
-    assert [n for n, _ in measured.mid_points] == list(SIZES)
-    values = [ms for _, ms in measured.verify_points + measured.mid_points]
-    scalars = [measured.ngram_step_ms, measured.scheduler_ms, measured.ar_token_ms, measured.tree_overhead_ms]
+    assert [n for n, _ in measured.verify_points] == list(SIZES)  # all within the budget + 1
+    assert [n for n, _ in measured.tree_points] == list(SIZES)
+    assert (measured.mid_tokens, measured.mid_fed) == (MID_TOKENS, MID_FED)
+    assert [len(row) for row in measured.mid_grid_ms] == [len(MID_TOKENS)] * len(MID_FED)
+    values = [ms for _, ms in measured.verify_points + measured.tree_points]
+    values += [ms for row in measured.mid_grid_ms for ms in row]
+    scalars = [measured.decision_ms, measured.ar_token_ms, measured.small_ms(1), measured.mid_end_ms]
     assert all(math.isfinite(v) and v > 0 for v in values + scalars)
+    assert measured.ngram_step_ms >= 0 and measured.ngram_node_ms >= 0
+    assert 1 <= measured.ngram_mean_frontier <= 10  # W = 10 frontier nodes at most
     assert (measured.device, measured.dtype, measured.context_len) == ("cpu", "float32", 32)
-    assert measured.device_name and measured.torch_threads >= 1
+    assert measured.device_name and measured.torch_threads == 1 and measured.samples_per_repeat == 3
+    assert measured.clock == "thread_cpu"  # one torch thread on a CPU: contention-free CPU time
     for n, ms in measured.verify_points:
         assert measured.verify_ms(n) == ms
-    for n, ms in measured.mid_points:
-        assert measured.mid_ms(n) == ms
+    for f, row in zip(MID_FED, measured.mid_grid_ms, strict=True):
+        for n, ms in zip(MID_TOKENS, row, strict=True):
+            assert measured.mid_ms(n, f) == pytest.approx(ms)
 
 
 def test_pair_without_mid_has_no_mid_costs(pair) -> None:
     solo = make_pair(pair.target, None, eos_token_ids=())
-    prof = measure_profile(solo, "solo", context_len=16, sizes=(1, 2), warmup=0, repeats=1, overhead_tokens=8)
-    assert prof.mid_points == ()
+    prof = measure_profile(solo, "solo", context_len=16, sizes=(1, 2), warmup=0, repeats=1)
+    assert (prof.mid_tokens, prof.mid_fed, prof.mid_grid_ms, prof.has_mid, prof.mid_end_ms) == (
+        (),
+        (),
+        (),
+        False,
+        0,
+    )
     with pytest.raises(ValueError, match="no mid-drafter timings"):
         prof.mid_ms(3)
     assert price_round(prof, RoundCounts(3, (), 5, 5)) > 0
@@ -110,6 +143,15 @@ def test_reference_context_and_random_trees(pair) -> None:
         tree = random_tree(n, 5, pair.vocab_size, np.random.default_rng(n))
         assert len(tree) == n and tree.tokens[0] == 5
         assert all(tree.parents[v] < v for v in range(1, n))
+    base = random_tree(30, 5, pair.vocab_size, np.random.default_rng(0))
+    big = grown(base, 200, pair.vocab_size, np.random.default_rng(1), max_depth=4)
+    assert len(big) == 200 and big.tokens[:30] == base.tokens and big.parents[:30] == base.parents
+    assert max(big.depths[30:]) <= 4
+    for n in (1, 7, 200):
+        head = prefix_tree(big, n)  # the first n nodes, same indices, same path scores
+        assert (head.tokens, head.parents, head.scores) == (big.tokens[:n], big.parents[:n], big.scores[:n])
+    with pytest.raises(ValueError):
+        prefix_tree(big, 201)
     tok = train_tokenizer(["def f(x):\n    return x + 1\n", "import os, sys\nclass A: pass\n"] * 20, 80)
     with_tok = dataclasses.replace(pair, tokenizer=tok, vocab_size=len(tok))
     ids = reference_context(with_tok, 300)  # tokenized stdlib source
@@ -124,7 +166,8 @@ def test_interpolation_exact_between_and_beyond() -> None:
         assert prof.verify_ms(n) == pytest.approx(2 + 0.5 * n)
     assert prof.verify_ms(100) == pytest.approx(2 + 0.5 * 100)  # extends the last segment
     assert prof.mid_ms(100) == pytest.approx(1 + 0.25 * 100)
-    assert prof.mid_ms(0) == 0.0  # no forward happens
+    assert prof.mid_ms(0) == 0.0 and prof.mid_ms(0, 30) == 0.0  # no forward happens
+    assert prof.tree_ms(300) == pytest.approx(0.3 + 0.002 * 300)
     points = ((2, 5.0), (4, 9.0), (8, 7.0))
     assert interpolate(points, 1) == 5.0  # below the first size: its cost
     assert interpolate(points, 6) == pytest.approx(8.0)
@@ -132,6 +175,41 @@ def test_interpolation_exact_between_and_beyond() -> None:
     assert interpolate(((3, 4.0),), 50) == 4.0
     with pytest.raises(ValueError):
         prof.verify_ms(0)
+    with pytest.raises(ValueError):
+        prof.tree_ms(0)
+
+
+def test_mid_table_is_bilinear_and_clamped() -> None:
+    prof = linear_profile()
+    for n, f in itertools.product((1, 3, 8, 20, 32, 70), (0, 5, 16, 40, 64, 200)):
+        assert prof.mid_ms(n, f) == pytest.approx(1 + 0.25 * n + 0.01 * f), (n, f)  # exact on a plane
+    rows, cols = (0, 10), (1, 5)
+    grid = ((1.0, 3.0), (2.0, 8.0))
+    assert interpolate_grid(rows, cols, grid, 5, 3) == pytest.approx((2.0 + 5.0) / 2)  # centre: mean
+    assert interpolate_grid(rows, cols, grid, 0, 0) == 1.0  # below both axes: the corner
+    falling = ((1.0, 3.0), (0.5, 2.0))  # more fed nodes measured cheaper: noise
+    assert interpolate_grid(rows, cols, falling, 50, 5) == 2.0  # not extrapolated downwards
+    assert interpolate_grid(rows, cols, falling, 50, 9) == pytest.approx(
+        2.0 + (2.0 - 0.5) / 4 * 4
+    )  # last row's rise
+
+
+@given(
+    st.lists(st.floats(0, 10), min_size=2, max_size=4),
+    st.lists(st.floats(0, 10), min_size=2, max_size=4),
+    st.tuples(st.integers(0, 400), st.integers(0, 400)),
+    st.tuples(st.integers(0, 400), st.integers(0, 400)),
+)
+def test_monotone_tables_give_monotone_mid_costs(
+    row_steps: list[float], col_steps: list[float], a: tuple[int, int], b: tuple[int, int]
+) -> None:
+    rows, cols = (0, 16, 64, 256)[: len(row_steps)], (1, 8, 32, 128)[: len(col_steps)]
+    grid = tuple(
+        tuple(sum(row_steps[: i + 1]) + sum(col_steps[: j + 1]) for j in range(len(cols)))
+        for i in range(len(rows))
+    )
+    lo, hi = (min(a[0], b[0]), min(a[1], b[1])), (max(a[0], b[0]), max(a[1], b[1]))
+    assert interpolate_grid(rows, cols, grid, *lo) <= interpolate_grid(rows, cols, grid, *hi) + 1e-9
 
 
 @given(
@@ -151,27 +229,78 @@ def test_bad_points_are_rejected() -> None:
     with pytest.raises(ValueError, match="strictly increasing"):
         linear_profile(verify_points=((2, 1.0), (1, 2.0)))
     with pytest.raises(ValueError, match="finite"):
-        linear_profile(mid_points=((1, float("nan")),))
+        linear_profile(tree_points=((1, float("nan")),))
+    with pytest.raises(ValueError, match="finite"):
+        linear_profile(mid_grid_ms=((1.0, float("nan"), 2.0),) * 3)
     with pytest.raises(ValueError, match="must not be empty"):
         linear_profile(verify_points=())
     with pytest.raises(ValueError, match="ngram_step_ms"):
         linear_profile(ngram_step_ms=-1.0)
+    with pytest.raises(ValueError, match="mid_grid_ms must be 3 rows"):
+        linear_profile(mid_grid_ms=((1.0, 2.0, 3.0),))
+    with pytest.raises(ValueError, match="mid_fed"):
+        linear_profile(mid_fed=(-1, 16, 64))
+    with pytest.raises(ValueError, match="tree_points"):
+        linear_profile(tree_points=())
 
 
 def test_price_round_arithmetic() -> None:
     prof = linear_profile()
-    counts = RoundCounts(verified_nodes=10, mid_call_tokens=(40, 8, 0), small_steps=2, decisions=5)
-    expected = (2 + 0.5 * 10) + (1 + 0.25 * 40) + (1 + 0.25 * 8) + 0.0 + 2 * 0.1 + 5 * 0.01 + 0.5
+    counts = RoundCounts(
+        verified_nodes=10,
+        mid_call_tokens=(40, 8, 0),
+        small_steps=2,
+        decisions=5,
+        tree_nodes=100,
+        small_frontier=7,
+    )
+    assert counts.mid_call_fed == (0, 40, 48)  # default: earlier calls' tokens
+    mid = (1 + 0.25 * 40) + (1 + 0.25 * 8 + 0.01 * 40) + 0.0 + 0.05  # + the end-of-round KV keep
+    expected = (2 + 0.5 * 10) + mid + (2 * 0.1 + 7 * 0.02) + 5 * 0.01 + (0.3 + 0.002 * 100)
     assert price_round(prof, counts) == pytest.approx(expected)
+    bare = RoundCounts(10, (40, 8), 2, 5)  # no tree size / frontier: verified nodes, mean frontier
+    assert bare.tree_nodes == 10
+    expected = (2 + 0.5 * 10) + mid + (2 * 0.1 + 2 * 5 * 0.02) + 5 * 0.01 + (0.3 + 0.002 * 10)
+    assert price_round(prof, bare) == pytest.approx(expected)
     assert price_ar(prof, 7) == pytest.approx(21.0)
     with pytest.raises(ValueError):
         RoundCounts(verified_nodes=0, mid_call_tokens=(), small_steps=0, decisions=0)
     with pytest.raises(ValueError):
         RoundCounts(verified_nodes=1, mid_call_tokens=(-1,), small_steps=0, decisions=0)
+    with pytest.raises(ValueError, match="one fed count per mid call"):
+        RoundCounts(1, (3, 4), 0, 0, mid_call_fed=(0,))
+    with pytest.raises(ValueError):
+        RoundCounts(10, (), 5, 5, tree_nodes=9)  # the tree holds at least what was verified
+
+
+def test_fed_counts_leave_catch_up_out() -> None:
+    assert fed_before_calls([]) == () and fed_before_calls([7]) == (0,)
+    assert fed_before_calls([1, 10, 100]) == (0, 1, 11)
+    rec = RoundRecord(
+        accepted=2,
+        emitted=3,
+        verified_nodes=20,
+        mid_tree_tokens=(1, 10, 100),
+        mid_catch_up=50,
+        small_steps=2,
+        signals=((0.0,),) * 5,
+        tree_nodes=150,
+        small_frontier=12,
+    )
+    counts = rec.counts()
+    assert counts.mid_call_tokens == (51, 10, 100)  # catch-up rides on the first call...
+    assert counts.mid_call_fed == (0, 1, 11)  # ...but is committed context, not fed tree nodes
+    assert (counts.tree_nodes, counts.small_frontier, counts.decisions) == (150, 12, 5)
+    unknown = dataclasses.replace(rec, tree_nodes=0, small_frontier=None).counts()
+    assert (unknown.tree_nodes, unknown.small_frontier) == (20, None)
 
 
 def test_repricing_same_counts_scales_with_the_profile() -> None:
-    counts = [RoundCounts(64, (70, 12), 3, 5), RoundCounts(1, (), 5, 5), RoundCounts(20, (5,) * 5, 0, 5)]
+    counts = [
+        RoundCounts(64, (70, 12), 3, 5, tree_nodes=300, small_frontier=20),
+        RoundCounts(1, (), 5, 5),
+        RoundCounts(20, (5,) * 5, 0, 5, mid_call_fed=(0, 5, 10, 15, 20)),
+    ]
     cpu, gpu = linear_profile(scale=1.0), linear_profile(scale=0.125)
     total_cpu = sum(price_round(cpu, c) for c in counts)
     total_gpu = sum(price_round(gpu, c) for c in counts)
@@ -189,6 +318,13 @@ def test_counts_from_real_rounds(pair, measured: LatencyProfile) -> None:
         mids = [s for s in rd.steps if s.used_mid]
         assert counts.verified_nodes == rd.verified_size + 1
         assert counts.mid_call_tokens == tuple(s.mid_catch_up + s.mid_tree_tokens for s in mids)
+        assert counts.mid_call_fed == (
+            0,
+            mids[0].mid_tree_tokens,
+            mids[0].mid_tree_tokens + mids[1].mid_tree_tokens,
+        )
+        assert counts.tree_nodes == rd.tree_size + 1 >= counts.verified_nodes
+        assert counts.small_frontier == sum(s.frontier_size for s in rd.steps if not s.used_mid)
         assert counts.small_steps == len(rd.steps) - len(mids) == 2
         assert counts.decisions == len(rd.steps) == 5
         assert math.isfinite(price_round(measured, counts)) and price_round(measured, counts) > 0
@@ -242,7 +378,15 @@ def test_load_errors_name_the_file(tmp_path) -> None:
 
 def test_run_profile_writes_one_file_per_pair(tmp_path, pair, capsys) -> None:
     settings = ProfileParams(
-        pairs=("a", "b"), out_dir=str(tmp_path / "out"), context_len=16, warmup=0, repeats=1, sizes=(1, 3)
+        pairs=("a", "b"),
+        out_dir=str(tmp_path / "out"),
+        context_len=16,
+        warmup=0,
+        repeats=1,
+        samples_per_repeat=1,
+        sizes=(1, 3),
+        mid_tokens=(1, 4),
+        mid_fed=(0, 2),
     )
     loaded: list[str] = []
 
@@ -256,7 +400,103 @@ def test_run_profile_writes_one_file_per_pair(tmp_path, pair, capsys) -> None:
     profiles = [load_profile(p) for p in paths]
     assert [p.pair for p in profiles] == ["a", "b"]
     assert all(p.context_len == 16 and [n for n, _ in p.verify_points] == [1, 3] for p in profiles)
+    assert all((p.mid_tokens, p.mid_fed) == ((1, 4), (0, 2)) for p in profiles)
     out = capsys.readouterr().out
     assert out.strip() == format_table(profiles) and "verify@max" in out
     with pytest.raises(ValueError, match="file name"):
         run_profile(dataclasses.replace(settings, pairs=("../x",)), load)
+
+
+def test_compare_profiles_finds_the_component_that_moved() -> None:
+    a = linear_profile()
+    same = compare_profiles(a, linear_profile())
+    assert [g.component for g in same] == ["verify", "mid", "mid_end", "small", "decision", "ar", "tree"]
+    assert all(g.geomean_ratio == pytest.approx(1.0) and g.worst_deviation < 1e-12 for g in same)
+    slower = {g.component: g for g in compare_profiles(a, linear_profile(scale=1.1))}
+    assert all(g.geomean_ratio == pytest.approx(1.1) for g in slower.values())
+    grid = [list(row) for row in a.mid_grid_ms]
+    grid[1][2] *= 1.3  # one cell of the mid table drifted
+    moved = {g.component: g for g in compare_profiles(a, dataclasses.replace(a, mid_grid_ms=grid))}
+    assert moved["mid"].worst_ratio == pytest.approx(1.3) and moved["mid"].n_points == 9
+    assert 1.0 < moved["mid"].geomean_ratio < 1.3
+    assert moved["verify"].worst_deviation < 1e-12
+
+
+def test_robust_medians_interleave_and_ignore_spikes() -> None:
+    now = [0.0]
+    order: list[str] = []
+
+    def job(name: str, cost: float, spike_at: int | None = None) -> Job:
+        calls = [0]
+
+        def run(_: object) -> None:
+            calls[0] += 1
+            order.append(name)
+            now[0] += 1000.0 * cost if calls[0] == spike_at else cost
+
+        return Job(lambda: None, run)
+
+    jobs = {
+        ("a",): job("a", 0.002, spike_at=4),
+        ("b",): job("b", 0.001, spike_at=9),
+        ("c",): Job(lambda: None, lambda _: job_c(), 4),
+    }
+
+    def job_c() -> None:
+        order.append("c")
+        now[0] += 0.004  # four units at once: 1 ms each
+
+    ms = robust_medians(jobs, lambda: now[0], warmup=1, repeats=5, passes=3, seed=3)
+    assert ms == {("a",): pytest.approx(2.0), ("b",): pytest.approx(1.0), ("c",): pytest.approx(1.0)}
+    passes = [order[i : i + 3] for i in range(0, len(order), 3)]
+    assert len(passes) == 6 * 3 and all(sorted(p) == ["a", "b", "c"] for p in passes)  # round-robin
+    assert len({tuple(p) for p in passes}) > 1  # in a fresh order per pass
+
+
+def test_fit_small_step() -> None:
+    fixed, per_node, mean = fit_small_step({1: 0.12, 5: 0.2, 10: 0.3}, {1: 10, 5: 10, 10: 20})
+    assert (fixed, per_node) == (pytest.approx(0.1), pytest.approx(0.02))
+    assert mean == pytest.approx((1 * 10 + 5 * 10 + 10 * 20) / 40)
+    fixed, per_node, _ = fit_small_step({2: 0.1, 4: 0.3}, {2: 1, 4: 1})  # the line would cross below 0
+    assert fixed == 0.0 and per_node == pytest.approx((0.2 + 1.2) / (4 + 16))
+    assert fit_small_step({3: 0.5}, {3: 7}) == (pytest.approx(0.5), 0.0, 3.0)
+
+
+def test_decision_work_is_the_students_shape(pair) -> None:
+    import numpy as np
+
+    from decoder.policies import BuildState, RuntimeContext, StepContext
+    from decoder.tree import DraftTree
+
+    student = student_like(5, 10, np.random.default_rng(0))
+    assert [w.shape for w, _ in student.net.layers] == [(17, 64), (64, 32), (32, 1)]
+    ctx = StepContext(2, 5, (True,), BuildState(DraftTree(3)), RuntimeContext(40, 5.0, 1.0))
+    z = student.features(ctx)
+    assert z.shape == (17,) and isinstance(student(ctx), bool)
+
+
+def test_small_frontier_read_off_the_tree_equals_the_steps(pair) -> None:
+    import numpy as np
+
+    from decoder.construct import RoundBuilder
+    from decoder.mid import MidDrafter
+    from decoder.ngram import NgramDrafter
+    from decoder.policies import FixedSchedule, schedule_bits
+    from decoder.timing import zero_times
+
+    cfg = DecodeConfig().tree
+    context = reference_context(pair, 60)
+    seen = set()
+    for s in range(32):
+        ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
+        ngram.commit(context)
+        rows = np.random.default_rng(s).normal(size=(len(context), cfg.topk)).tolist()
+        ngram.cache.set_rows(0, [context[1:2] * cfg.topk] * len(context), rows)
+        builder = RoundBuilder(cfg, ngram, MidDrafter(pair.mid, pair.vocab_size), lambda: 0.0)
+        bits = schedule_bits(s, cfg.depth)
+        tree, steps = builder.build(context, FixedSchedule(bits), zero_times())
+        want = sum(st.frontier_size for st in steps if not st.used_mid)
+        assert small_frontier(tree, bits, cfg.width) == want, bits
+        assert small_frontier(tree, bits, cfg.width, sequential=True) == cfg.depth - sum(bits)
+        seen.add(want)
+    assert len(seen) > 3  # schedules expand different frontiers

@@ -130,3 +130,13 @@ def test_restrict_exposes_only_the_declared_keys_of_a_section() -> None:
         _ = params.collect.seed
     with pytest.raises(ParamsError, match=r"unknown params key 'tree\.nope'"):
         restrict(load_params(), "canonicalize", ["tree.nope"])
+
+
+def test_a_restricted_params_object_survives_pickling() -> None:
+    """Ray ships params to workers by pickle: the stand-ins must round-trip and keep refusing."""
+    import pickle
+
+    params = pickle.loads(pickle.dumps(restrict(load_params(), "canonicalize", ["collect.out_dir"])))
+    assert params.collect.out_dir == load_params().collect.out_dir
+    with pytest.raises(ParamsError, match=r"params\.collect\.seed"):
+        _ = params.collect.seed

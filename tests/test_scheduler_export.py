@@ -49,9 +49,8 @@ def student_artifact(path: Path, seed: int = 0, y_mean: float = 0.0, **over) -> 
         x_std=X_STD[:17], heads={HEAD: net.sizes}, y_mean={HEAD: y_mean}, y_std={HEAD: 2.5},
     )  # fmt: skip
     fields.update(over)
-    return net, write_artifact(
-        path, build_manifest(**fields, signals=list(SIGNALS)), mlp_arrays(HEAD, net.net)
-    )
+    signals = list(fields["feature_names"][-len(SIGNALS) :])
+    return net, write_artifact(path, build_manifest(**fields, signals=signals), mlp_arrays(HEAD, net.net))
 
 
 def value_artifact(path: Path, seed: int = 1, a_invoke_mean: float = 2.0) -> tuple[ValueSystem, Path]:
@@ -68,18 +67,40 @@ def value_artifact(path: Path, seed: int = 1, a_invoke_mean: float = 2.0) -> tup
 
 
 def test_student_round_trip_numpy_equals_torch_and_onnx(tmp_path):
-    net, path = student_artifact(tmp_path / "scheduler")
+    net, path = student_artifact(tmp_path / "scheduler", y_mean=-0.35)  # mixed signs
     sched = load_scheduler(path, depth=5, width=10)
     z = RNG.normal(size=(50, 17)) * X_STD[:17] + X_MEAN[:17]
     with torch.no_grad():
         ref = net(torch.as_tensor((z - X_MEAN[:17]) / X_STD[:17], dtype=torch.float32)).double().numpy()[:, 0]
-    ref = ref * 2.5
+    ref = ref * 2.5 - 0.35
     got = np.array([sched.margin(r) for r in z])
     np.testing.assert_allclose(got, ref, atol=1e-5)
-    assert [sched.decide(r) for r in z] == list(got > 0)
+    clear = np.abs(ref) > 1e-3  # decisions compared where float32 rounding cannot flip the sign
+    assert clear.sum() > 40 and 0 < (ref[clear] > 0).sum() < clear.sum()
+    assert [sched.decide(r) for r in z[clear]] == list(ref[clear] > 0)
     art = read_artifact(path, "student")
     head_to_onnx(art.manifest, art.arrays, HEAD, tmp_path / "s.onnx")
     np.testing.assert_allclose(run_onnx(tmp_path / "s.onnx", z), got, atol=1e-4)
+
+
+def test_hand_built_student_decides_where_its_formula_says(tmp_path):
+    """margin = y_std * (relu(u) - relu(-u)) + y_mean with u = (z0 - 1) / 2: invoke iff z0 > 5."""
+    w0 = np.zeros((2, 17))
+    w0[0, 0], w0[1, 0] = 1.0, -1.0
+    arrays = {f"{HEAD}.0.weight": w0, f"{HEAD}.0.bias": np.zeros(2),
+              f"{HEAD}.1.weight": np.array([[1.0, -1.0]]), f"{HEAD}.1.bias": np.zeros(1)}  # fmt: skip
+    manifest = build_manifest(
+        kind="student", depth=5, width=10, feature_names=NAMES, input_names=NAMES,
+        x_mean=[1.0] + [0.0] * 16, x_std=[2.0] + [1.0] * 16, heads={HEAD: [17, 2, 1]},
+        y_mean={HEAD: -3.0}, y_std={HEAD: 1.5}, signals=list(SIGNALS),
+    )  # fmt: skip
+    sched = load_scheduler(write_artifact(tmp_path / "hand", manifest, arrays), 5, 10)
+    z0 = np.array([-10.0, 0.0, 4.9, 5.1, 7.0, 100.0])
+    z = np.zeros((len(z0), 17))
+    z[:, 0] = z0
+    z[:, 1:] = RNG.normal(size=(len(z0), 16)) * 50  # the other inputs have zero weight
+    np.testing.assert_allclose([sched.margin(r) for r in z], 1.5 * (z0 - 1) / 2 - 3, atol=1e-9)
+    assert [sched.decide(r) for r in z] == [False, False, False, True, True, True]
 
 
 def test_value_planner_numpy_equals_torch(tmp_path):
@@ -107,7 +128,7 @@ def test_mismatches_are_refused_with_clear_errors(tmp_path):
     _, bad = student_artifact(tmp_path / "unknown", feature_names=unknown, input_names=unknown)
     with pytest.raises(ManifestError, match="not computed by this decoder"):
         load_scheduler(bad)
-    with pytest.raises(ManifestError, match="kind 'student', expected 'value'"):
+    with pytest.raises(ManifestError, match="field 'kind': 'student', expected 'value'"):
         load_value_planner(path)
     meta = json.loads(path.read_text())
     path.write_text(json.dumps({**meta, "schema_version": "treegraft-mlp/0"}))

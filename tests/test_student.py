@@ -1,16 +1,94 @@
-"""The student has exactly the paper's 3,265 parameters and never sees the future suffix."""
+"""The student: the paper's 3,265 parameters, stake-weighted objectives, thresholds and cross-fitting
+that never use the held-out fold."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
+from config.params import TrainConfig
+from decoder.planning import suffix_feature_names
+from decoder.state import SIGNAL_NAMES, state_feature_names
+from models.cross_fit import FoldInputs, StudentSpec, cross_fit
 from models.mlp import count_parameters
-from models.student import PAPER_STUDENT_PARAMS, Student, student_param_count
+from models.offline import choose_threshold
+from models.student import PAPER_STUDENT_PARAMS, Student, objective, student_param_count
+from models.training import fit_weighted, predict
 
 
 def test_student_has_3265_parameters():
-    model = Student(17, (64, 32))
-    assert count_parameters(model) == student_param_count(17, (64, 32)) == PAPER_STUDENT_PARAMS == 3_265
+    assert count_parameters(Student(17, (64, 32))) == PAPER_STUDENT_PARAMS == 3_265
+
+
+@pytest.mark.parametrize(("in_dim", "hidden"), [(17, (64, 32)), (5, (3,)), (9, (4, 7, 2)), (1, ())])
+def test_parameter_formula_matches_the_module(in_dim, hidden):
+    """distill checks a trained student against the formula; it must agree with torch's count."""
+    assert student_param_count(in_dim, hidden) == count_parameters(Student(in_dim, hidden))
+
+
+def test_student_input_is_the_state_without_the_suffix():
+    names = state_feature_names(5, SIGNAL_NAMES[:6])
+    assert len(names) == 17  # 4 context + 7 history (D = 5) + 6 signals
+    assert not set(names) & set(suffix_feature_names(5))
+    model = Student(len(names), (64, 32))
     assert model(torch.zeros(2, 17)).shape == (2, 1)
-    sizes = [m.in_features for m in model.net if isinstance(m, torch.nn.Linear)]
-    assert sizes == [17, 64, 32]  # 17 = 4 context + 7 history + 6 signals: no suffix input
+    with pytest.raises(RuntimeError):  # a value-system row (z + suffix encoding) does not fit
+        model(torch.zeros(2, 17 + len(suffix_feature_names(5))))
+
+
+FAST = TrainConfig(epochs=15, batch_size=16, lr=0.01, weight_decay=0.0, seed=0)
+
+
+def test_objectives_weigh_states_by_their_stake():
+    m = np.array([-2.0, -0.1, 0.0, 0.5, 1.6])
+    assert np.all(objective(m, "mse").weight == 1)
+    w = objective(m, "weighted_mse")
+    np.testing.assert_allclose(w.weight, np.abs(m) / np.abs(m).mean())
+    logit = objective(m, "weighted_logistic")
+    assert logit.is_logistic and logit.target.tolist() == [0, 0, 0, 1, 1]
+    np.testing.assert_allclose(logit.weight, w.weight)
+    with pytest.raises(ValueError):
+        objective(m, "hinge")
+
+
+@pytest.mark.parametrize("logistic", [False, True])
+def test_zero_weight_rows_do_not_move_the_fit(logistic):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 17))
+    y = (x[:, 0] > 0).astype(float) if logistic else x[:, 0]
+    w = np.where(np.arange(64) < 48, 1.0, 0.0)
+    y2 = y.copy()
+    y2[48:] = 1 - y2[48:] if logistic else y2[48:] + 100
+    a = fit_weighted(lambda: Student(17), x, y, w, FAST, logistic=logistic).module
+    b = fit_weighted(lambda: Student(17), x, y2, w, FAST, logistic=logistic).module
+    np.testing.assert_allclose(predict(a, x), predict(b, x), atol=1e-6)
+
+
+def test_threshold_is_non_negative_and_prefers_skipping_when_unsure():
+    regret = np.array([-0.3, -0.02, 0.01, 0.2, 0.4])  # states' realised margins / best tok/s
+    scores = np.array([-1.0, 0.3, 0.5, 0.9, 2.0])
+    # t = 0.3 decides every state right; t = 0.5 gets the 0.01 state wrong: 0.2 points of mean regret.
+    assert choose_threshold(scores, regret, tolerance_pct=0.0) == pytest.approx(0.3)
+    assert choose_threshold(scores, regret, tolerance_pct=0.25) == pytest.approx(0.5)
+    # Scores that rank the states backwards: invoking nowhere (largest t) is the least regret.
+    assert choose_threshold(-scores + 1, regret, tolerance_pct=0.0) == pytest.approx(2.0)
+    assert choose_threshold(-np.abs(scores), regret, tolerance_pct=0.0) == 0.0  # t never < 0
+
+
+def test_cross_fit_never_uses_the_held_out_fold():
+    rng = np.random.default_rng(0)
+    report = np.repeat(np.arange(6), 7)  # 6 reports of 7 states, 2 reports per fold
+    odd = (report % 2).astype(float)
+    z = np.column_stack([odd + 0.1 * rng.normal(size=len(report)), rng.normal(size=(len(report), 16))])
+    margin = np.where(odd > 0, 0.2, -0.2) + 0.05 * rng.normal(size=len(report))
+    folds = report % 3
+    spec = StudentSpec("weighted_logistic", (64, 32), FAST, 0.0, nested_threshold=True)
+    base = cross_fit([FoldInputs(z, margin)] * 3, folds, margin, spec)
+    assert len(base.thresholds) == 3 and min(base.thresholds) >= 0
+    held = folds == 0
+    flipped = np.where(held, -margin, margin)  # fold 0's targets and regrets flipped, inputs kept
+    again = cross_fit([FoldInputs(z, flipped)] * 3, folds, flipped, spec)
+    np.testing.assert_allclose(again.scores[held], base.scores[held], atol=1e-6)
+    assert again.thresholds[0] == base.thresholds[0]
+    assert not np.allclose(again.scores[~held], base.scores[~held])  # the other folds trained on it

@@ -42,7 +42,11 @@ def test_signals_before_the_first_step():
 
 
 def test_history_and_context_features():
-    assert history_features(1, 5, ()) == (0.2, 0.0, 0, 0, 0, 0, 0)
-    assert history_features(4, 5, (True, False, True)) == (0.8, 0.4, 1, 0, 1, 0, 0)
+    assert history_features(1, 5, (), 0) == (0.2, 0.0, 0, 0, 0, 0, 0)
+    # no call yet this round: the lag at the round's start is what a call now catches up
+    assert history_features(3, 5, (False, False), 99) == pytest.approx((0.6, 0.0, 0, 0, 0, 0, math.log(100)))
+    # a call at step 1 caught the mid drafter up: no lag afterwards, whatever it was
+    assert history_features(4, 5, (True, False, True), 99) == (0.8, 0.4, 1, 0, 1, 0, 0)
+    assert len(history_features(5, 5, (True,) * 4, 7)) == 7  # 17 inputs with 6 signals and context
     ctx = context_features(RuntimeContext(prompt_tokens=99, target_ms=20.0, mid_ms=5.0))
     assert ctx == pytest.approx((math.log(100), 20.0, 5.0, math.log(4)))

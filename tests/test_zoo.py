@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from collectors.embedded_data import stdlib_files
 from config.params import ModelSpec, Params, load_params
+from decoder.models import TokenizerMismatchError, load_pair
 from decoder.templates import get_template, render
 from models.lm_training import build_model, grow_model
 from models.tokenizer_training import tokenizer_digest
@@ -81,34 +83,58 @@ def test_all_models_share_one_tokenizer(smoke_zoo: tuple[Path, dict]) -> None:
 def test_models_reload_like_real_checkpoints(smoke_zoo: tuple[Path, dict]) -> None:
     out, manifest = smoke_zoo
     ids = torch.tensor([[1, 2, 3, 4]])
+    specs = load_params(profile="smoke").zoo.models
     for name in manifest["models"]:
         model = AutoModelForCausalLM.from_pretrained(out / name, local_files_only=True).eval()
+        tok = AutoTokenizer.from_pretrained(out / name)
+        cfg, spec = model.config, specs[name]
+        assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads) == (
+            spec.layers,
+            spec.d_model,
+            spec.heads,
+        )
         with torch.no_grad():
             logits = model(input_ids=ids).logits
+        assert logits.shape == (1, 4, cfg.vocab_size) and cfg.vocab_size >= len(tok)
         assert torch.isfinite(logits).all()
-        assert model.config.eos_token_id == AutoTokenizer.from_pretrained(out / name).eos_token_id
+        assert cfg.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids(get_template("zoo").eos_text)
+
+
+def _same_weights(model: torch.nn.Module, folder: Path) -> bool:
+    """Every tensor saved in folder/model.safetensors equals the loaded model's (tied ones saved once)."""
+    state = model.state_dict()
+    saved = load_file(folder / "model.safetensors")
+    return bool(saved) and all(torch.equal(state[k], v) for k, v in saved.items())
 
 
 def test_every_pair_loads_through_the_runtime_loader(smoke_zoo: tuple[Path, dict]) -> None:
-    models = pytest.importorskip("decoder.models")
+    """Each registered pair resolves to the zoo's own checkpoints, loaded weight for weight."""
     out, _ = smoke_zoo
     params = load_params(profile="smoke", overrides={"zoo": {"out_dir": str(out)}})
+    tok = AutoTokenizer.from_pretrained(out / "mid-s", local_files_only=True)
+    eos_id = tok.convert_tokens_to_ids(get_template("zoo").eos_text)
     for name, spec in params.pairs.items():
         target, mid = params.pair_paths(name)
-        pair = models.load_pair(target, mid, dtype=spec.dtype, device=spec.device)
-        assert pair.mid is not None and pair.tokenizer is not None
+        pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device)
+        for model, folder in ((pair.target, target), (pair.mid, mid)):
+            want = params.zoo.models[folder.name]
+            assert (model.config.num_hidden_layers, model.config.hidden_size) == (want.layers, want.d_model)
+            assert _same_weights(model, folder), f"{name}: {folder.name} is not the saved checkpoint"
+        assert pair.vocab_size == len(tok)
+        assert eos_id in pair.eos_token_ids
 
 
 def test_mismatched_tokenizer_is_refused(smoke_zoo: tuple[Path, dict], tmp_path: Path) -> None:
-    models = pytest.importorskip("decoder.models")
     out, _ = smoke_zoo
     other = tmp_path / "other"
     AutoModelForCausalLM.from_pretrained(out / "mid-s").save_pretrained(other)
     tok = AutoTokenizer.from_pretrained(out / "mid-s")
     tok.add_tokens(["<|not-shared|>"])
     tok.save_pretrained(other)
-    with pytest.raises(models.TokenizerMismatchError):
-        models.load_pair(out / "target-s", other)
+    with pytest.raises(TokenizerMismatchError, match="1 only in the mid's"):
+        load_pair(out / "target-s", other)
+    AutoTokenizer.from_pretrained(out / "mid-s").save_pretrained(other)
+    assert load_pair(out / "target-s", other).mid is not None  # the same files with the shared one load
 
 
 @pytest.mark.slow

@@ -1,0 +1,115 @@
+"""Pricing against the clock: priced / measured round latency per pair and policy.
+
+Usage:
+    .venv/bin/python benchmarks/bench_pricing.py [--pairs zoo-m] [--profile-dir artifacts/profile]
+        [--policies 00000 11111 10101] [--student artifacts/export/student] [--prompts 4]
+        [--max-new-tokens 64] [--threads 2] [--out artifacts/bench/pricing.json]
+
+Per pair: the latency profile (read from --profile-dir/<pair>.json, or measured now with the
+`profile` stage's settings), then collectors.pricing_check.check_pricing decodes every prompt for
+real under every policy (execute mode for fixed schedules; the student, if given, through
+generate with its runtime context) and prints priced / measured over all rounds and the per-round
+spread. The goal is 0.90-1.10 for every pair and policy. On a shared machine the wall clock also
+counts other processes' time (see the "cpu share" column); --cpu-clock times the rounds by CPU
+time instead, which checks the cost model itself. `tiny` (built on the spot) stands in when
+the zoo is not built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import torch
+
+import decoder.generate
+from benchmarks.pair_sources import TINY, bench_prompts, load_named
+from collectors.latency import load_profile
+from collectors.pricing_check import check_pricing, format_pricing
+from collectors.profile_rounds import student_like
+from collectors.profiling import measure_profile
+from collectors.records import runtime_for
+from config.params import load_params, resolve
+from decoder.config import DecodeConfig, TreeConfig
+from decoder.scheduler import load_scheduler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--overlay", default=None, help="params overlay (profiles/NAME.yaml)")
+    parser.add_argument("--pairs", nargs="*", default=None, help=f"registered pairs or {TINY!r}")
+    parser.add_argument("--zoo-dir", default=None, help="models from here instead of params' zoo.out_dir")
+    parser.add_argument("--profile-dir", default=None, help="read <dir>/<pair>.json instead of measuring")
+    parser.add_argument("--policies", nargs="*", default=["00000", "11111", "10101"])
+    parser.add_argument("--student", default=None, help="an exported student artifact (path stem)")
+    parser.add_argument(
+        "--random-student",
+        action="store_true",
+        help="also a scheduler of the student's shape with random weights (the decision work, any answers)",
+    )
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-prompt-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=None, help="profile repeats (default: params)")
+    parser.add_argument("--samples", type=int, default=None, help="profile samples per repeat")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the pipeline's)")
+    parser.add_argument(
+        "--cpu-clock",
+        action="store_true",
+        help="diagnostic for a shared machine (CPU, one torch thread): time the decoder's rounds by this "
+        "thread's CPU time, the profile's clock, so other processes' share of the core drops out",
+    )
+    parser.add_argument("--out", default="artifacts/bench/pricing.json")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+    if args.cpu_clock:
+        if args.threads != 1:
+            parser.error("--cpu-clock needs --threads 1 (other torch threads' CPU time is not counted)")
+        decoder.generate.make_clock = lambda device: time.thread_time  # what generate times rounds with
+    params = load_params(
+        profile=args.overlay, overrides={"zoo": {"out_dir": args.zoo_dir}} if args.zoo_dir else None
+    )
+    s = params.profile
+    names = args.pairs or [n for n in s.pairs if params.pair_paths(n)[0].exists()] or [TINY]
+    config = DecodeConfig(max_new_tokens=args.max_new_tokens, tree=TreeConfig(**asdict(params.tree)))
+    report, tables = [], []
+    for name in names:
+        pair = load_named(params, name)
+        if args.profile_dir:
+            profile = load_profile(resolve(args.profile_dir) / f"{name}.json")
+        else:
+            profile = measure_profile(
+                pair, name, context_len=s.context_len, sizes=s.sizes, warmup=s.warmup,
+                repeats=args.repeats or s.repeats, mid_tokens=s.mid_tokens, mid_fed=s.mid_fed,
+                samples_per_repeat=args.samples or s.samples_per_repeat, tree_config=config.tree,
+            )  # fmt: skip
+        prompts = bench_prompts(params, name, pair, args.prompts, args.max_prompt_tokens)
+        policies: dict[str, object] = {p: p for p in args.policies}
+        if args.student:
+            policies["student"] = load_scheduler(args.student, config.tree.depth, config.tree.width)
+        if args.random_student:
+            policies["random-mlp"] = student_like(
+                config.tree.depth, config.tree.width, np.random.default_rng(0)
+            )
+        runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), config.tree)
+        rows = check_pricing(pair, profile, prompts, policies, config, runtime)
+        tables.append(format_pricing(name, rows))
+        print(tables[-1], flush=True)
+        report += [{"pair": name, **asdict(r), "ratio": r.ratio, "cpu_ratio": r.cpu_ratio} for r in rows]
+    print("\n".join(tables))
+    out = resolve(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Replay of one scheduler (a learned policy, or any callable) at temperature 0, without verification.
+
+Why it is exact: as in collectors/replay.py, lossless decoding commits the target's greedy
+continuation g, and a round from L committed tokens accepts the longest path of its pruned tree
+that spells g[L:]. The scheduler is asked before each step with the StepContext that
+``decoder.construct.RoundBuilder.build`` would give it (same tree, same history, same runtime
+facts), so it makes the decisions it makes in ``generate``, and the counts (verified nodes, mid call
+tokens, catch-up, small steps, decisions) are execute mode's. tests/test_policy_replay.py checks
+this against ``generate`` round by round.
+
+What is shared with the all-schedules replay: the continuation g and the target's rows (one
+``ReplayInputs`` per prompt serves every policy), the mid drafter's KV of the committed text, and
+the walk's accounting (``Walk``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collectors.branch_mid import BranchMid, batch_rescore, committed_kv
+from collectors.records import RoundRecord
+from collectors.replay import Branch, Replayer, ReplayInputs, Walk
+from decoder.construct import RoundBuilder
+from decoder.mid import TreeScores
+from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext
+from decoder.state import tree_signals
+from decoder.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class PolicyTrajectory:
+    rounds: list[RoundRecord]
+    n_tokens: int
+    bits: list[tuple[bool, ...]]  # the policy's decisions in each round, step 1 first
+
+
+def replay_policy(
+    replayer: Replayer, inputs: ReplayInputs, policy: Scheduler, runtime: RuntimeContext | None
+) -> PolicyTrajectory:
+    """One scheduler's trajectory over one prompt, round by round, as ``generate`` would decode it."""
+    cfg, pair = replayer.config.tree, replayer.pair
+    text, depth = inputs.text, cfg.depth
+    ngram = replayer.ngram_with_rows(inputs.prompt, text)
+    builder = RoundBuilder(cfg, ngram, None, lambda: 0.0)
+    ngram.commit(inputs.prompt)
+    walk, start, bits = Walk(), len(inputs.prompt), []
+    while True:
+        ngram.commit(text[len(ngram.index.tokens) : start])
+        committed = text[:start]
+        b = Branch((), BuildState(DraftTree(text[start - 1])), BranchMid(TreeScores()), (), ())
+        lag = (start - 1) - walk.mid_committed  # what generate's RoundBuilder.mid_lag gives
+        for k in range(1, depth + 1):
+            signals = (*b.signals, tree_signals(b.state, cfg.width))
+            use_mid = bool(policy(StepContext(k, depth, b.bits, b.state, runtime, lag)))
+            if use_mid:
+                if inputs.mid_kv is None:
+                    raise ValueError("the policy calls the mid drafter but the pair has none")
+                context = committed_kv(inputs.mid_kv, start - 1)
+                batch_rescore(pair.mid, pair.vocab_size, context, start - 1, [(b.state.tree, b.mid)])
+                rec = builder.mid_step(b.state, committed, k, b.mid)
+                b = Branch((*b.bits, True), b.state, b.mid, (*b.calls, rec.mid_tree_tokens), signals)
+            else:
+                builder.small_step(b.state, committed, k)
+                b = Branch((*b.bits, False), b.state, b.mid, b.calls, signals)
+        nxt = walk.advance(replayer.finish(b, text, start), start, inputs.limit, b.bits)
+        bits.append(b.bits)
+        if nxt is None:
+            return PolicyTrajectory(walk.rounds, walk.emitted, bits)
+        start = nxt

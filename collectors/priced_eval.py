@@ -1,0 +1,140 @@
+"""Priced evaluation of one (pair, dataset) cell by replay: exact counts x the pair's latency profile.
+
+Contract: every method runs on the same held-back prompts. Per prompt the target's greedy
+continuation is computed once (``Replayer.inputs``); all 2^D fixed schedules come from one
+all-schedules replay and each learned policy from ``collectors.policy_replay`` (exact at temperature
+0, checked against real decoding in tests/test_policy_replay.py). A method's priced time per prompt
+is the sum of its priced rounds; fixed schedules make no decisions at run time, so they pay no
+scheduler cost. Autoregressive decoding is priced as n_tokens one-token steps.
+
+The speedup over AR is a ratio of sums over prompts (every method emits the same tokens); its 95%
+interval is a bootstrap over prompts (the same resamples for every method). The best fixed schedule
+in hindsight is the argmax of priced tokens/s over the 2^D schedules on these very prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from collectors.latency import LatencyProfile, price_ar, price_round
+from collectors.policy_replay import replay_policy
+from collectors.records import RoundRecord, bits_text
+from collectors.replay import Replayer
+from decoder.config import DecodeConfig
+from decoder.models import ModelPair
+from decoder.policies import RuntimeContext, schedule_bits
+
+FIXED = {"all-small": "00000", "all-mid": "11111"}
+
+
+@dataclass(frozen=True)
+class PricedMethod:
+    """One method over a prompt set: per-prompt priced ms and tokens, and its rounds' statistics."""
+
+    name: str
+    schedule: str  # bit string for a fixed schedule, "" for a learned policy
+    ms: np.ndarray  # (n_prompts,) priced decoding ms
+    tokens: np.ndarray  # (n_prompts,) tokens emitted
+    accepted: float  # mean accepted drafted tokens per round
+    mid_calls_per_step: tuple[float, ...]  # share of rounds calling the mid drafter at step k
+
+
+Replayed = tuple[list[RoundRecord], int, list[tuple[bool, ...]]]  # rounds, tokens, bits per round
+
+
+def _priced(
+    name: str, schedule: str, per_prompt: Sequence[Replayed], profile, decisions: bool
+) -> PricedMethod:
+    ms, tokens, rounds, bits = [], [], [], []
+    for recs, n, round_bits in per_prompt:
+        counts = [r.counts() if decisions else replace(r.counts(), decisions=0) for r in recs]
+        ms.append(sum(price_round(profile, c) for c in counts))
+        tokens.append(n)
+        rounds += recs
+        bits += round_bits
+    per_step = np.mean(np.asarray(bits, dtype=float), axis=0) if bits else np.zeros(0)
+    return PricedMethod(
+        name,
+        schedule,
+        np.asarray(ms, dtype=float),
+        np.asarray(tokens, dtype=float),
+        float(np.mean([r.accepted for r in rounds])) if rounds else 0.0,
+        tuple(float(x) for x in per_step),
+    )
+
+
+def bootstrap_speedup(
+    ar_ms: np.ndarray, ms: np.ndarray, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(point, low, high): sum(ar_ms) / sum(ms) and its 95% percentile bootstrap over prompts."""
+    point = float(ar_ms.sum() / ms.sum())
+    if len(ms) < 2:
+        return point, point, point
+    idx = np.random.default_rng(seed).integers(0, len(ms), size=(n_boot, len(ms)))
+    boot = ar_ms[idx].sum(axis=1) / ms[idx].sum(axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return point, float(low), float(high)
+
+
+@dataclass(frozen=True)
+class PricedCell:
+    ar_ms: np.ndarray
+    tokens: np.ndarray
+    methods: dict[str, PricedMethod]
+    best_fixed: str  # bit string of the best fixed schedule in hindsight
+
+    def speedups(self, n_boot: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
+        return {n: bootstrap_speedup(self.ar_ms, m.ms, n_boot, seed) for n, m in self.methods.items()}
+
+
+def priced_cell(
+    pair: ModelPair,
+    prompts: list[list[int]],
+    config: DecodeConfig,
+    profile: LatencyProfile,
+    runtime: RuntimeContext,
+    policies: dict[str, Callable],
+    fixed: dict[str, str],
+    progress: Callable[[], None] | None = None,
+) -> PricedCell:
+    """Replay every fixed schedule and every policy on every prompt; price them with the profile.
+
+    ``fixed``: method name -> bit string (shown beside the best fixed schedule in hindsight, added as
+    "best-fixed"); ``policies``: method name -> scheduler.
+    """
+    depth = config.tree.depth
+    schedules = [schedule_bits(s, depth) for s in range(2**depth)]
+    replayer = Replayer(pair, config, schedules, round_table_stride=0)
+    per_schedule: list[list[Replayed]] = [[] for _ in schedules]
+    per_policy: dict[str, list[Replayed]] = {n: [] for n in policies}
+    ar_ms, tokens = [], []
+    for prompt in prompts:
+        inputs = replayer.inputs(prompt)
+        rep = replayer.replay_prompt(prompt, inputs)
+        for s in range(len(schedules)):
+            per_schedule[s].append((rep.rounds[s], rep.n_tokens[s], [schedules[s]] * len(rep.rounds[s])))
+        for name, policy in policies.items():
+            traj = replay_policy(replayer, inputs, policy, runtime)
+            per_policy[name].append((traj.rounds, traj.n_tokens, traj.bits))
+        emitted = {rep.n_tokens[s] for s in range(len(schedules))} | {v[-1][1] for v in per_policy.values()}
+        if emitted != {inputs.limit}:
+            raise RuntimeError(
+                f"replays emitted {sorted(emitted)} tokens, expected {inputs.limit} for every method"
+            )
+        tokens.append(inputs.limit)
+        ar_ms.append(price_ar(profile, inputs.limit))
+        if progress is not None:
+            progress()
+    all_fixed = [
+        _priced(bits_text(b), bits_text(b), per_schedule[s], profile, False) for s, b in enumerate(schedules)
+    ]
+    best = max(range(len(all_fixed)), key=lambda s: (all_fixed[s].tokens.sum() / all_fixed[s].ms.sum(), -s))
+    by_text = {m.schedule: m for m in all_fixed}
+    methods = {name: replace(by_text[bits], name=name) for name, bits in fixed.items()}
+    methods["best-fixed"] = replace(all_fixed[best], name="best-fixed")
+    methods |= {n: _priced(n, "", per_policy[n], profile, True) for n in policies}
+    return PricedCell(np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float), methods,
+                      all_fixed[best].schedule)  # fmt: skip

@@ -1,0 +1,91 @@
+"""Fold assignments of the learning stages, stated explicitly (one fold id per report).
+
+Two splits, both grouped by report (all canonical states of a report share its fold):
+
+- ``report`` (the cross-fitting split every stage reuses, stored as ``fold_id``): a Latin square
+  over the (pair, dataset) grid, fold = (pair index + dataset index) mod k with pairs and datasets
+  in sorted order and k = min(n_folds, n_reports). Each pair's reports land in different folds
+  and so do each dataset's, so a held-out fold is "new reports of known pairs and known tasks".
+  (scikit-learn's GroupKFold over sorted report ids put one dataset in each fold: leave one
+  dataset out by accident.) When the grid is too small to fill k folds, the reports, ordered by
+  that Latin value, are dealt round-robin instead.
+- ``pair`` (leave one pair out, the held-out pair story): fold = index of the report's pair in
+  sorted order.
+
+:func:`fold_rows` turns either split into a per-row array for any table with ``report_id`` and
+``pair_id``; :func:`with_fold_column` writes the report split into a table's ``fold_id``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+SPLITS = ("report", "pair")
+
+
+def report_folds(
+    report_ids: Sequence[str], pair_ids: Sequence[str], dataset_ids: Sequence[str], n_folds: int
+) -> dict[str, int]:
+    """report_id -> fold id in [0, min(n_folds, n_reports)); see the module docstring."""
+    origin = dict(zip(report_ids, zip(pair_ids, dataset_ids, strict=True), strict=True))
+    reports = sorted(origin)
+    if len(reports) < 2:
+        raise ValueError(f"grouped folds need at least 2 reports, got {len(reports)}")
+    k = min(n_folds, len(reports))
+    pairs = {p: i for i, p in enumerate(sorted({p for p, _ in origin.values()}))}
+    datasets = {d: i for i, d in enumerate(sorted({d for _, d in origin.values()}))}
+    latin = {r: (pairs[origin[r][0]] + datasets[origin[r][1]]) % k for r in reports}
+    if len(set(latin.values())) == k:
+        return latin
+    order = sorted(reports, key=lambda r: (latin[r], pairs[origin[r][0]], datasets[origin[r][1]]))
+    return {r: i % k for i, r in enumerate(order)}
+
+
+def pair_folds(pair_ids: Sequence[str]) -> dict[str, int]:
+    """pair_id -> fold id (sorted order): one fold per pair."""
+    pairs = sorted(set(pair_ids))
+    if len(pairs) < 2:
+        raise ValueError(f"leave-one-pair-out needs at least 2 pairs, got {len(pairs)}")
+    return {p: i for i, p in enumerate(pairs)}
+
+
+def fold_rows(table: pa.Table, split: str) -> np.ndarray:
+    """Per-row fold ids of ``split`` for a table with report_id, pair_id and fold_id columns."""
+    if split == "report":
+        return table.column("fold_id").to_numpy().astype(np.int64)
+    if split == "pair":
+        pairs = table.column("pair_id").to_pylist()
+        folds = pair_folds(pairs)
+        return np.array([folds[p] for p in pairs], dtype=np.int64)
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def with_fold_column(table: pa.Table, folds: Mapping[str, int]) -> pa.Table:
+    """``table`` with ``fold_id`` replaced by its report's fold (same position and dtype)."""
+    frame = pl.from_arrow(table.select(["report_id"]))
+    ids = frame.select(pl.col("report_id").replace_strict(dict(folds), return_dtype=pl.Int64))
+    at = table.schema.get_field_index("fold_id")
+    field = table.schema.field(at)
+    return table.set_column(at, field, pa.array(ids.to_series().to_numpy(), type=field.type))
+
+
+def fold_table(states: pa.Table) -> list[dict]:
+    """One row per report: its pair, dataset and fold in both splits (the explicit assignment)."""
+    frame = pl.from_arrow(states.select(["report_id", "pair_id", "dataset_id", "fold_id"])).unique(
+        maintain_order=True
+    )
+    pairs = pair_folds(frame["pair_id"].to_list())
+    return [
+        {
+            "report_id": row["report_id"],
+            "pair_id": row["pair_id"],
+            "dataset_id": row["dataset_id"],
+            "report_fold": int(row["fold_id"]),
+            "pair_fold": pairs[row["pair_id"]],
+        }
+        for row in frame.sort("report_id").iter_rows(named=True)
+    ]

@@ -1,0 +1,128 @@
+"""Evaluation tables from result rows: cell order, groups, ablation order, plot rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectors.eval_report import (
+    ablation_table,
+    main_table,
+    plot_rows,
+    student_gains,
+    summary_metrics,
+    wall_table,
+)
+
+
+def _row(pair, dataset, method, speedup, held_pair=False, held_task=False, calls=(0.0, 1.0)):
+    return {
+        "pair_id": pair, "dataset_id": dataset, "method": method, "speedup": speedup,
+        "priced_speedup": 2 * speedup, "mean_accepted_length": 1.5, "mid_pool_mean": 3.0,
+        "historical_pick_share": 0.25, "is_held_out_pair": held_pair, "is_held_out_task": held_task,
+        "mid_calls_per_step": list(calls),
+    }  # fmt: skip
+
+
+def _cell(pair, dataset, student, held_pair=False, held_task=False, small=1.0, mid=0.8):
+    return [
+        _row(pair, dataset, "all-small", small, held_pair, held_task),
+        _row(pair, dataset, "all-mid", mid, held_pair, held_task),
+        _row(pair, dataset, "student", student, held_pair, held_task, calls=(0.5, 0.25)),
+    ]
+
+
+ROWS = [
+    *_cell("b", "y", 1.1, held_task=True),
+    *_cell("z", "x", 0.9),
+    *_cell("a", "x", 1.5, held_pair=True, held_task=True, small=0.5, mid=1.0),
+    *_cell("a", "w", 1.2),
+    _row("c", "x", "all-small", 1.0),  # a cell without a student: in no gain or table line
+]
+
+
+def test_gains_per_group_in_cell_order():
+    assert student_gains(ROWS) == {
+        "held-out task": [pytest.approx(1.1)],
+        "fitting": [pytest.approx(0.9), pytest.approx(1.2)],
+        "held-out pair and task": [pytest.approx(1.5)],
+    }
+    priced = student_gains(ROWS, "priced_speedup")
+    assert priced["fitting"] == [pytest.approx(0.9), pytest.approx(1.2)]
+
+
+def test_summary_metrics():
+    m = summary_metrics(ROWS)
+    assert m["speedup.fitting"] == {
+        "student_gain_mean": pytest.approx(1.05),
+        "student_gain_best": pytest.approx(1.2),
+        "student_gain_worst": pytest.approx(0.9),
+        "student_at_least_best_fixed": None,  # these cells have no best fixed schedule
+        "n_cells": 2,
+    }
+    assert list(m["mean_speedup"]) == ["all-small", "all-mid", "student"]
+    assert m["mean_speedup"]["all-small"] == pytest.approx((1 + 1 + 0.5 + 1 + 1) / 5)
+
+
+def test_main_table_sorted_by_group_then_cell():
+    lines = main_table(ROWS, "speedup").splitlines()[2:]
+    assert [line.split(" | ")[:3] for line in lines] == [
+        ["| a", "w", "fitting"],
+        ["| z", "x", "fitting"],
+        ["| a", "x", "held-out pair and task"],
+        ["| b", "y", "held-out task"],
+    ]
+    assert lines[2].endswith("| 0.50x (1.50) | 1.00x (1.50) | - | - | - | 1.50x (1.50) | - | +50.0% | - |")
+    priced = main_table(ROWS).splitlines()[2:]  # the default: priced speedup, twice the wall here
+    assert priced[2].endswith("| 1.00x (1.50) | 2.00x (1.50) | - | - | - | 3.00x (1.50) | - | +50.0% | - |")
+
+
+def test_student_against_the_best_fixed_schedule_and_its_interval():
+    rows = [
+        *_cell("a", "x", 1.2),
+        {**_row("a", "x", "best-fixed", 1.25), "priced_speedup": 2.5},
+        *_cell("a", "y", 1.3),
+        {**_row("a", "y", "best-fixed", 1.25), "priced_speedup": 2.5},
+    ]
+    rows[2] |= {"priced_ci_low": 2.1, "priced_ci_high": 2.7}
+    m = summary_metrics(rows)
+    assert m["priced_speedup.fitting"]["student_at_least_best_fixed"] == pytest.approx(0.5)
+    lines = main_table(rows).splitlines()[2:]
+    assert lines[0].endswith("| [2.10, 2.70] | +20.0% | -4.0% |")
+    assert lines[1].endswith("| - | +30.0% | +4.0% |")
+
+
+def test_wall_table_sets_the_real_runs_beside_their_pricing():
+    rows = [
+        {**_row("a", "x", "student", 1.2), "wall_ci_low": 1.0, "wall_ci_high": 1.4,
+         "wall_priced_speedup": 1.32, "wall_n_prompts": 3},
+        {**_row("a", "x", "10101", 1.0), "speedup": None},  # priced only: not in the wall table
+    ]  # fmt: skip
+    lines = wall_table(rows).splitlines()
+    assert lines[2:] == ["| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.32x | 1.10 |"]
+
+
+def test_ablation_rows_in_method_order_per_sorted_cell():
+    rows = [_row("b", "x", m, 1.0) for m in ("cascade", "full")] + [
+        _row("a", "x", m, 1.0) for m in ("overwrite", "no-eg", "student")
+    ]
+    lines = ablation_table(rows).splitlines()[2:]
+    assert [line.split(" | ")[:3] for line in lines] == [
+        ["| a", "x", "no-eg"], ["| a", "x", "overwrite"], ["| b", "x", "full"], ["| b", "x", "cascade"],
+    ]  # fmt: skip
+    assert lines[0] == "| a | x | no-eg | 1.00x | 1.50 | 3.0 | 25.0% |"
+    assert ablation_table([]).count("\n") == 1
+
+
+def test_plot_rows():
+    speed, calls = plot_rows(ROWS, depth=2)
+    assert len(speed) == len(ROWS) and speed[0] == {
+        "cell": "b/y",
+        "method": "all-small",
+        "priced_speedup": 2.0,
+        "speedup": 1.1 / 1.1,
+    }
+    assert calls[:2] == [
+        {"cell": "b/y", "step": 1, "mid_call_rate": 0.5},
+        {"cell": "b/y", "step": 2, "mid_call_rate": 0.25},
+    ]
+    assert len(calls) == 2 * 4

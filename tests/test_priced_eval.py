@@ -1,0 +1,67 @@
+"""Priced evaluation by replay equals pricing the counts of real decoding, prompt by prompt."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import noisy_copy, tiny_model
+from test_latency import linear_profile
+from test_policy_replay import _prompts
+
+from collectors.execute import execute_prompt
+from collectors.latency import price_ar, price_round
+from collectors.priced_eval import bootstrap_speedup, priced_cell
+from decoder.config import DecodeConfig
+from decoder.models import make_pair
+from decoder.policies import RuntimeContext
+
+
+@pytest.fixture(scope="module")
+def cell():
+    target = tiny_model("qwen3", seed=81)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=82), eos_token_ids=(0,))
+    config = DecodeConfig(max_new_tokens=20)
+    prompts = _prompts(4, seed=83)
+    profile = linear_profile()
+    runtime = RuntimeContext(prompt_tokens=20, target_ms=2.0, mid_ms=1.0)
+    fixed = {"all-small": "00000", "all-mid": "11111", "10101": "10101"}
+    policies = {"odd-steps": lambda ctx: ctx.step % 2 == 1}
+    result = priced_cell(pair, prompts, config, profile, runtime, policies, fixed)
+    return pair, config, prompts, profile, result
+
+
+def test_fixed_schedules_are_priced_like_real_decoding(cell) -> None:
+    pair, config, prompts, profile, result = cell
+    for name, text in (("all-small", "00000"), ("all-mid", "11111"), ("10101", "10101")):
+        bits = tuple(c == "1" for c in text)
+        for i, prompt in enumerate(prompts):
+            rounds, n = execute_prompt(pair, prompt, bits, config)
+            real = sum(price_round(profile, replace(r.counts(), decisions=0)) for r in rounds)
+            assert result.methods[name].ms[i] == pytest.approx(real, rel=1e-9), (name, i)
+            assert result.methods[name].tokens[i] == n == result.tokens[i]
+    assert result.ar_ms == pytest.approx([price_ar(profile, int(n)) for n in result.tokens])
+
+
+def test_a_policy_pays_for_its_decisions_and_best_fixed_is_the_best(cell) -> None:
+    *_, result = cell
+    policy, fixed = result.methods["odd-steps"], result.methods["10101"]
+    assert policy.mid_calls_per_step == pytest.approx((1, 0, 1, 0, 1)) == fixed.mid_calls_per_step
+    assert policy.accepted == pytest.approx(fixed.accepted)
+    assert (policy.ms > fixed.ms).all()  # same rounds, plus D scheduler decisions each
+    best = result.methods["best-fixed"]
+    tps = {n: m.tokens.sum() / m.ms.sum() for n, m in result.methods.items()}
+    assert all(tps["best-fixed"] >= tps[n] - 1e-12 for n in ("all-small", "all-mid", "10101"))
+    assert best.schedule == result.best_fixed and len(best.schedule) == 5
+
+
+def test_bootstrap_interval_brackets_the_ratio_of_sums() -> None:
+    rng = np.random.default_rng(0)
+    ar = rng.uniform(50, 100, size=30)
+    ms = ar / rng.uniform(1.2, 1.6, size=30)
+    point, low, high = bootstrap_speedup(ar, ms)
+    assert point == pytest.approx(ar.sum() / ms.sum())
+    assert 1.2 < low < point < high < 1.6
+    same = bootstrap_speedup(ar, ar / 1.4)
+    assert same == pytest.approx((1.4, 1.4, 1.4))  # no spread, no interval

@@ -1,0 +1,150 @@
+"""The Ray backend of `collect` on a local two-node cluster: same files as the local backend, byte for
+byte; the cluster is joined through `collect.ray.address` or RAY_ADDRESS."""
+
+from __future__ import annotations
+
+import json
+import os
+import sysconfig
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import save_pair, train_tokenizer
+from ray import cluster_utils
+
+from collectors import ray_backend
+from collectors.ray_backend import connect, read_folder, write_folder
+from collectors.report import write_report
+from config.params import RayParams, load_params
+from pipeline import collect
+from pipeline.cli import stage_params
+
+QUESTIONS = [
+    "Explain what this function does and how to test it.",
+    "Summarize the module below in two sentences.",
+    "Write a docstring for the following class.",
+]
+PAIRS = {"tiny": 61, "tiny-b": 91}  # two pairs: two actors, one per node of the cluster
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """Question files, two saved pairs sharing a trained tokenizer, and their latency profiles."""
+    root = tmp_path_factory.mktemp("ray")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:25]]
+    for d, name in enumerate(["code", "chat"]):
+        lines = [
+            json.dumps({"question_id": i, "category": name, "turns": [q + "\n" + texts[d * 3 + i][:300]]})
+            for i, q in enumerate(QUESTIONS)
+        ]
+        (root / "data" / name).mkdir(parents=True)
+        (root / "data" / name / "question.jsonl").write_text("\n".join(lines) + "\n")
+    tok = train_tokenizer(texts, vocab=300)
+    for pair, seed in PAIRS.items():
+        save_pair(root / pair, tok, seed=seed)
+    from pipeline.profile import main as profile_main
+
+    profile_main(stage_params("profile", params_for(root, "unused")))
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and a worker node of one CPU each, in subprocesses of this test only."""
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)
+    c = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    c.add_node(num_cpus=1)
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def params_for(root: Path, name: str, **collect_overrides):
+    pairs = {
+        p: {"target": str(root / p / "target"), "mid": str(root / p / "mid"), "dtype": "float32",
+            "device": "cpu", "template": "zoo"}
+        for p in PAIRS
+    }  # fmt: skip
+    return load_params(
+        profile="smoke",
+        overrides={
+            "mlflow": {"db": str(root / "mlflow.db")},
+            "data": {"out_dir": str(root / "data")},
+            "pairs": pairs,
+            "profile": {"pairs": list(PAIRS), "out_dir": str(root / "profile"), "sizes": [1, 16, 64, 160]},
+            "collect": {"out_dir": str(root / name), "pairs": list(PAIRS), "datasets": ["code", "chat"],
+                        "prompts_per_report": 2, "max_new_tokens": 12, **collect_overrides},
+            "runtime": {"torch_threads": 1},
+        },
+    )  # fmt: skip
+
+
+def files(out: Path) -> dict[str, bytes]:
+    """Every Parquet file of a collect output folder (reports and merged tables), by relative path."""
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*.parquet"))}
+
+
+def test_ray_on_a_two_node_cluster_writes_the_local_backends_files(workspace, cluster, monkeypatch):
+    local = params_for(workspace, "local")
+    remote = params_for(workspace, "ray", backend="ray", ray={"address": cluster.address})
+    want = collect.main(stage_params("collect", local))
+    written = []
+
+    def driver_writes(out_dir, spec, *args):
+        written.append(spec.report_id)
+        return write_report(out_dir, spec, *args)
+
+    monkeypatch.setattr(ray_backend, "write_report", driver_writes)  # seen by the driver only
+    got = collect.main(stage_params("collect", remote))
+    assert not ray.is_initialized()  # the backend disconnects what it connected
+    assert sorted(written) == sorted(f"{p}__{d}__0-2" for p in PAIRS for d in ("code", "chat"))
+    a, b = files(Path(local.collect.out_dir)), files(Path(remote.collect.out_dir))
+    assert len(a) == 3 + 3 * len(PAIRS) * 2 and sorted(a) == sorted(b)
+    assert all(a[name] == b[name] for name in a), [n for n in a if a[n] != b[n]]
+    assert got == want and want["n_reports"] == 4
+    summary = (Path(remote.collect.out_dir) / "summary.md").read_text()
+    assert summary == (Path(local.collect.out_dir) / "summary.md").read_text()
+    assert sorted(p.name for p in (Path(remote.collect.out_dir) / "reports").iterdir()) == sorted(
+        f"{p}__{d}__0-2" for p in PAIRS for d in ("code", "chat")
+    )
+
+
+def test_address_from_params_or_ray_address_joins_the_cluster(cluster, monkeypatch):
+    cfg = RayParams(address="", num_cpus=2, gpus_per_task=0.0)
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    assert connect(cfg)
+    try:
+        assert ray.get_runtime_context().gcs_address == cluster.gcs_address
+        assert ray.cluster_resources()["CPU"] == 2  # both nodes, not a fresh local instance
+    finally:
+        ray.shutdown()
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # the param wins over the environment
+    assert connect(RayParams(address=cluster.address, num_cpus=2, gpus_per_task=0.0))
+    try:
+        assert ray.get_runtime_context().gcs_address == cluster.gcs_address
+    finally:
+        ray.shutdown()
+
+
+def test_checkpoint_folders_travel_as_bytes(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "sub" / "weights.bin").write_bytes(bytes(range(256)) * 3)
+    copy = write_folder(read_folder(src), tmp_path / "copy")
+    assert read_folder(copy) == read_folder(src) and sorted(read_folder(src)) == [
+        "config.json",
+        "sub/weights.bin",
+    ]
+    with pytest.raises(FileNotFoundError, match="no such checkpoint folder"):
+        read_folder(tmp_path / "missing")
