@@ -5,8 +5,8 @@ Contract:
   output: each group's weighted sum runs over its values in sorted order) and idempotent (merging
   its own output changes nothing: a group of one row is copied, not recomputed). Features are the
   weighted mean over the merged rows, weights (row counts) add up.
-- :func:`assign_folds` is grouped K-fold by report (scikit-learn ``GroupKFold``), deterministic in
-  the set of report ids: ``n_splits = min(n_folds, n_reports)``, and at least 2 reports are needed.
+- folds are grouped by report and stated explicitly: features.folds.report_folds (a Latin square
+  over pairs x datasets, so no fold is one dataset or one pair).
 - :func:`canonicalize` turns the collectors' ``actions`` table into the ``states`` and ``samples``
   tables of features/schemas.py and checks there are exactly 2^D - 1 states per report.
 
@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from decoder.state import state_feature_names
 from features.collect_schemas import actions_spec
+from features.folds import report_folds
 from features.schemas import samples_spec, states_spec
 from features.tables import SchemaError, TableSpec
 
@@ -73,21 +74,6 @@ def merge_states(keys: Sequence[StateKey], features: np.ndarray, weights: np.nda
         merged.select(names).to_numpy().astype(np.float64).reshape(merged.height, len(names)),
         merged[_WEIGHT].to_numpy().astype(np.int64),
     )
-
-
-def assign_folds(report_ids: Sequence[str], n_folds: int) -> dict[str, int]:
-    """report_id -> fold id in [0, min(n_folds, n_reports)); grouped, deterministic."""
-    from sklearn.model_selection import GroupKFold
-
-    reports = sorted(set(report_ids))
-    if len(reports) < 2:
-        raise ValueError(f"grouped folds need at least 2 reports, got {len(reports)}")
-    splitter = GroupKFold(n_splits=min(n_folds, len(reports)))
-    folds = {}
-    for fold, (_, test) in enumerate(splitter.split(np.zeros(len(reports)), groups=reports)):
-        for i in test:
-            folds[reports[i]] = fold
-    return folds
 
 
 def check_complete(states: pl.DataFrame, depth: int) -> None:
@@ -146,7 +132,7 @@ def canonicalize(actions: pa.Table, depth: int, n_folds: int) -> CanonicalTables
         raise ValueError(f"actions: report(s) {mixed.to_list()[:3]} span more than one pair or dataset")
     merged = merge_frame(frame.with_columns(pl.lit(1, pl.Int64).alias(_WEIGHT)), state_feature_names(depth))
     check_complete(merged, depth)
-    folds = assign_folds(merged["report_id"].to_list(), n_folds)
+    folds = report_folds(*(origin[c].to_list() for c in ("report_id", "pair_id", "dataset_id")), n_folds)
     fold_of = pl.DataFrame(
         {"report_id": list(folds), "fold_id": list(folds.values())},
         schema={"report_id": pl.String, "fold_id": pl.Int64},

@@ -13,12 +13,12 @@ Two splits, both grouped by report (all canonical states of a report share its f
   sorted order.
 
 :func:`fold_rows` turns either split into a per-row array for any table with ``report_id`` and
-``pair_id``; :func:`with_fold_column` writes the report split into a table's ``fold_id``.
+``pair_id``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import polars as pl
@@ -62,15 +62,6 @@ def fold_rows(table: pa.Table, split: str) -> np.ndarray:
         folds = pair_folds(pairs)
         return np.array([folds[p] for p in pairs], dtype=np.int64)
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-
-
-def with_fold_column(table: pa.Table, folds: Mapping[str, int]) -> pa.Table:
-    """``table`` with ``fold_id`` replaced by its report's fold (same position and dtype)."""
-    frame = pl.from_arrow(table.select(["report_id"]))
-    ids = frame.select(pl.col("report_id").replace_strict(dict(folds), return_dtype=pl.Int64))
-    at = table.schema.get_field_index("fold_id")
-    field = table.schema.field(at)
-    return table.set_column(at, field, pa.array(ids.to_series().to_numpy(), type=field.type))
 
 
 def fold_table(states: pa.Table) -> list[dict]:

@@ -18,7 +18,7 @@ from collectors.plots import new_figure
 from config.params import Params, resolve
 from features.canonical import canonicalize
 from features.collect_schemas import actions_spec
-from features.folds import fold_table, report_folds, with_fold_column
+from features.folds import fold_table
 from features.schemas import samples_spec, states_spec
 from features.tables import read_table, write_table
 from pipeline.cli import run_stage
@@ -33,13 +33,9 @@ def main(params: Params) -> dict:
     with stage_run("canonicalize", params):
         actions = read_table(resolve(params.collect.out_dir) / "actions.parquet", actions_spec(depth))
         tables = canonicalize(actions, depth, params.canonicalize.n_folds)
-        folds = report_folds(
-            *(actions.column(c).to_pylist() for c in ("report_id", "pair_id", "dataset_id")),
-            params.canonicalize.n_folds,
-        )
-        state_table = with_fold_column(tables.states, folds)
+        state_table = tables.states
         write_table(out / "states.parquet", states_spec(depth), state_table)
-        write_table(out / "samples.parquet", samples_spec(depth), with_fold_column(tables.samples, folds))
+        write_table(out / "samples.parquet", samples_spec(depth), tables.samples)
         states = state_table.to_pydict()
         assignment = fold_table(state_table)
         per_report = Counter(states["report_id"])
@@ -48,8 +44,10 @@ def main(params: Params) -> dict:
             "n_reports": len(per_report),
             "n_states": tables.states.num_rows,
             "states_per_report": min(per_report.values()),
-            "n_folds": len(set(folds.values())),
-            "reports_per_fold": {str(f): n for f, n in sorted(Counter(folds.values()).items())},
+            "n_folds": len({row["report_fold"] for row in assignment}),
+            "reports_per_fold": {
+                str(f): n for f, n in sorted(Counter(row["report_fold"] for row in assignment).items())
+            },
             "n_pair_folds": len({row["pair_fold"] for row in assignment}),
             "mean_rows_per_state": float(np.mean(states["n_rows"])),
             "fold_split": "report: (pair index + dataset index) mod k, Latin square (features/folds.py)",

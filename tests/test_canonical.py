@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synthetic_collect import synthetic_tables
 
-from features.canonical import assign_folds, canonicalize, merge_states
+from features.canonical import canonicalize, merge_states
+from features.folds import report_folds
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 rows = st.lists(
@@ -79,14 +80,13 @@ def test_incomplete_report_is_refused(actions):
         canonicalize(actions.filter(keep), depth=5, n_folds=5)
 
 
-def test_folds_are_grouped_and_deterministic():
-    reports = [f"r{i}" for i in range(7)]
-    folds = assign_folds(reports, 5)
-    assert folds == assign_folds(list(reversed(reports)) * 3, 5)
-    assert set(folds.values()) == set(range(5))
-    assert set(assign_folds(reports[:3], 5).values()) == {0, 1, 2}
-    with pytest.raises(ValueError, match="at least 2 reports"):
-        assign_folds(["only"], 5)
+def test_states_carry_the_stated_report_folds(actions):
+    """canonicalize writes features.folds' assignment: a Latin square, not one dataset per fold."""
+    tables = canonicalize(actions, depth=5, n_folds=5)
+    frame = tables.states.select(["report_id", "pair_id", "dataset_id", "fold_id"]).to_pylist()
+    want = report_folds(*(actions.column(c).to_pylist() for c in ("report_id", "pair_id", "dataset_id")), 5)
+    assert {r["report_id"]: r["fold_id"] for r in frame} == want
+    assert set(tables.samples.column("fold_id").to_pylist()) == set(want.values())
 
 
 def test_merge_is_the_row_weighted_mean_and_copies_single_rows():

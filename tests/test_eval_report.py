@@ -94,11 +94,11 @@ def test_student_against_the_best_fixed_schedule_and_its_interval():
 def test_wall_table_sets_the_real_runs_beside_their_pricing():
     rows = [
         {**_row("a", "x", "student", 1.2), "wall_ci_low": 1.0, "wall_ci_high": 1.4,
-         "wall_priced_speedup": 1.32, "wall_n_prompts": 3},
+         "wall_decode_speedup": 1.25, "wall_priced_speedup": 1.375, "wall_n_prompts": 3},
         {**_row("a", "x", "10101", 1.0), "speedup": None},  # priced only: not in the wall table
     ]  # fmt: skip
     lines = wall_table(rows).splitlines()
-    assert lines[2:] == ["| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.32x | 1.10 |"]
+    assert lines[2:] == ["| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.25x | 1.38x | 1.10 |"]
 
 
 def test_ablation_rows_in_method_order_per_sorted_cell():

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from features.folds import fold_rows, pair_folds, report_folds, with_fold_column
+from features.folds import fold_rows, pair_folds, report_folds
 
 
 def _grid(n_pairs: int, n_datasets: int) -> tuple[list[str], list[str], list[str]]:
@@ -47,10 +47,9 @@ def test_fold_columns():
         {
             "report_id": ["p0/d0", "p0/d0", "p1/d0", "p1/d1"],
             "pair_id": ["p0", "p0", "p1", "p1"],
-            "fold_id": pa.array([9, 9, 9, 9], pa.int8()),
+            "fold_id": pa.array([2, 2, 0, 1], pa.int8()),
         }
     )
-    out = with_fold_column(table, {"p0/d0": 2, "p1/d0": 0, "p1/d1": 1})
-    assert out.schema == table.schema and out.column("fold_id").to_pylist() == [2, 2, 0, 1]
-    np.testing.assert_array_equal(fold_rows(out, "pair"), [0, 0, 1, 1])
+    np.testing.assert_array_equal(fold_rows(table, "report"), [2, 2, 0, 1])
+    np.testing.assert_array_equal(fold_rows(table, "pair"), [0, 0, 1, 1])
     assert pair_folds(["b", "a", "b"]) == {"a": 0, "b": 1}
