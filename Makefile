@@ -10,14 +10,15 @@ setup: $(STAMP)
 
 # torch is pinned in pyproject and installed in the same pip command as everything else,
 # so pip picks the local CPU wheel instead of resolving a CUDA build.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,ray]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,ray]"
 	$(PY) -c "import torch, transformers, hypothesis, polars, ray"
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(PY) -m pip check
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
