@@ -24,7 +24,7 @@ import numpy as np
 from decoder.planning import HEADS, suffix_feature_names
 from decoder.policies import BuildState, RuntimeContext, StepContext
 from decoder.scheduler import build_manifest, load_scheduler, load_value_planner, write_artifact
-from decoder.state import CONTEXT_NAMES, history_names, tree_signals
+from decoder.state import state_feature_names, tree_signals
 from decoder.tree import DraftTree
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
@@ -33,7 +33,7 @@ SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt"
 
 def random_artifacts(folder: Path, depth: int = 5, width: int = 10) -> tuple[Path, Path]:
     rng = np.random.default_rng(0)
-    names = (*CONTEXT_NAMES, *history_names(depth), *SIGNALS)
+    names = state_feature_names(depth, SIGNALS)
 
     def arrays(head: str, sizes: list[int]) -> dict[str, np.ndarray]:
         out = {}

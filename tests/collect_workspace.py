@@ -20,8 +20,9 @@ QUESTIONS = [
 TABLES = ("trajectories", "actions", "rounds")
 
 
-def build_workspace(root: Path) -> Path:
-    """Question files (two datasets), a saved pair with a trained tokenizer and its latency profile."""
+def write_questions(root: Path) -> list[str]:
+    """Question files of two datasets ("code", "chat") under root / "data"; returns the texts they
+    quote (real standard-library source), for training a tokenizer on."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:25]]
     for d, name in enumerate(["code", "chat"]):
@@ -31,6 +32,12 @@ def build_workspace(root: Path) -> Path:
         ]
         (root / "data" / name).mkdir(parents=True)
         (root / "data" / name / "question.jsonl").write_text("\n".join(lines) + "\n")
+    return texts
+
+
+def build_workspace(root: Path) -> Path:
+    """Question files (two datasets), a saved pair with a trained tokenizer and its latency profile."""
+    texts = write_questions(root)
     save_pair(root / "pair", train_tokenizer(texts, vocab=300), seed=61)
     from pipeline.profile import main as profile_main
 
@@ -72,3 +79,16 @@ def report_stamps(params: Params) -> dict[Path, int]:
     folders (hidden names) are not reports."""
     reports = Path(params.collect.out_dir) / "reports"
     return {p: p.stat().st_mtime_ns for p in sorted(reports.glob("*/*")) if not p.parent.name.startswith(".")}
+
+
+def spy_reports(monkeypatch) -> list[str]:
+    """Record the report ids the stage collects (reused reports are never passed to run_report)."""
+    calls: list[str] = []
+    real = collect.run_report
+
+    def spy(params, spec, reports_dir, progress=True, inputs=None):
+        calls.append(spec.report_id)
+        return real(params, spec, reports_dir, progress, inputs)
+
+    monkeypatch.setattr(collect, "run_report", spy)
+    return calls

@@ -22,11 +22,11 @@ from decoder.artifact import (
 )
 from decoder.planning import HEADS, suffix_feature_names
 from decoder.scheduler import load_scheduler
-from decoder.state import CONTEXT_NAMES, history_names
+from decoder.state import state_feature_names
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
            "preview_overlap_ratio", "preview_mean_score")  # fmt: skip
-NAMES = (*CONTEXT_NAMES, *history_names(5), *SIGNALS)
+NAMES = state_feature_names(5, SIGNALS)
 N = len(NAMES)
 
 

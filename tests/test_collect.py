@@ -13,7 +13,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from collect_workspace import build_workspace, merged_bytes, params_for, report_stamps, run_collect
+from collect_workspace import (
+    build_workspace,
+    merged_bytes,
+    params_for,
+    report_stamps,
+    run_collect,
+    spy_reports,
+)
 from conftest import noisy_copy, tiny_model
 
 from collectors import report
@@ -25,7 +32,6 @@ from config.params import Params, load_params
 from decoder.config import DecodeConfig
 from decoder.models import make_pair
 from decoder.policies import schedule_bits
-from pipeline import collect
 from pipeline.cli import stage_params
 
 SCHEDULES = [schedule_bits(s, 5) for s in range(32)]
@@ -91,19 +97,6 @@ def test_collect_stage_rows_summary_and_second_run_resumes(finished):
     before = merged_bytes(params)
     run_collect(params)
     assert stamps == report_stamps(params) and merged_bytes(params) == before
-
-
-def spy_reports(monkeypatch) -> list[str]:
-    """Record the report ids the stage collects (reused reports are never passed to run_report)."""
-    calls: list[str] = []
-    real = collect.run_report
-
-    def spy(params, spec, reports_dir, progress=True, inputs=None):
-        calls.append(spec.report_id)
-        return real(params, spec, reports_dir, progress, inputs)
-
-    monkeypatch.setattr(collect, "run_report", spy)
-    return calls
 
 
 def test_interrupt_between_reports_resumes_with_only_the_unfinished_one(workspace, finished, monkeypatch):

@@ -3,13 +3,12 @@ byte; the cluster is joined through `collect.ray.address` or RAY_ADDRESS."""
 
 from __future__ import annotations
 
-import json
 import os
-import sysconfig
 from pathlib import Path
 
 import pytest
 import ray
+from collect_workspace import write_questions
 from conftest import save_pair, train_tokenizer
 from ray import cluster_utils
 
@@ -20,11 +19,6 @@ from config.params import RayParams, load_params
 from pipeline import collect
 from pipeline.cli import stage_params
 
-QUESTIONS = [
-    "Explain what this function does and how to test it.",
-    "Summarize the module below in two sentences.",
-    "Write a docstring for the following class.",
-]
 PAIRS = {"tiny": 61, "tiny-b": 91}  # two pairs: two actors, one per node of the cluster
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
@@ -33,15 +27,7 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 def workspace(tmp_path_factory) -> Path:
     """Question files, two saved pairs sharing a trained tokenizer, and their latency profiles."""
     root = tmp_path_factory.mktemp("ray")
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:25]]
-    for d, name in enumerate(["code", "chat"]):
-        lines = [
-            json.dumps({"question_id": i, "category": name, "turns": [q + "\n" + texts[d * 3 + i][:300]]})
-            for i, q in enumerate(QUESTIONS)
-        ]
-        (root / "data" / name).mkdir(parents=True)
-        (root / "data" / name / "question.jsonl").write_text("\n".join(lines) + "\n")
+    texts = write_questions(root)
     tok = train_tokenizer(texts, vocab=300)
     for pair, seed in PAIRS.items():
         save_pair(root / pair, tok, seed=seed)

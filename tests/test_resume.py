@@ -26,13 +26,13 @@ from collect_workspace import (
     params_for,
     report_stamps,
     run_collect,
+    spy_reports,
 )
 
 from collectors.plan import plan_reports, report_inputs
 from collectors.report import MANIFEST, TABLE_NAMES, read_report, write_report
 from config.params import ROOT, Params, deep_merge, load_params
 from features.tables import TableSpec, write_table
-from pipeline import collect
 from pipeline.cli import stage_params
 
 FIRST, SECOND = "tiny__code__0-2", "tiny__chat__0-2"  # plan order: datasets [code, chat]
@@ -78,18 +78,6 @@ def copy_reports(src: Params, dst: Params) -> Path:
     """Start ``dst`` from ``src``'s finished reports (manifests hold no paths, so they stay valid)."""
     shutil.copytree(reports_of(src), reports_of(dst))
     return reports_of(dst)
-
-
-def spy_reports(monkeypatch) -> list[str]:
-    calls: list[str] = []
-    real = collect.run_report
-
-    def spy(params, spec, reports_dir, progress=True, inputs=None):
-        calls.append(spec.report_id)
-        return real(params, spec, reports_dir, progress, inputs)
-
-    monkeypatch.setattr(collect, "run_report", spy)
-    return calls
 
 
 def warnings_of(caplog) -> list[str]:

@@ -28,7 +28,7 @@ from decoder.scheduler import (
     read_artifact,
     write_artifact,
 )
-from decoder.state import CONTEXT_NAMES, history_names
+from decoder.state import state_feature_names
 from models.mlp import mlp_arrays
 from models.onnx_export import head_to_onnx, run_onnx
 from models.student import HEAD, Student
@@ -36,7 +36,7 @@ from models.value import ValueSystem
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
            "preview_overlap_ratio", "preview_mean_score")  # fmt: skip
-NAMES = (*CONTEXT_NAMES, *history_names(5), *SIGNALS)
+NAMES = state_feature_names(5, SIGNALS)
 RNG = np.random.default_rng(0)
 X_MEAN, X_STD = RNG.normal(size=23), RNG.uniform(0.5, 2.0, size=23)
 

@@ -21,7 +21,7 @@ import pytest
 from config.params import ROOT, Params, load_params
 from decoder.artifact import build_manifest, write_artifact
 from decoder.scheduler import load_scheduler
-from decoder.state import CONTEXT_NAMES, SIGNAL_NAMES, history_names
+from decoder.state import SIGNAL_NAMES, state_feature_names
 from pipeline.cli import stage_params
 from pipeline.provenance import data_hash, declared_values, git_revision, json_sha256, stage_inputs
 from pipeline.tracking import (
@@ -186,7 +186,7 @@ def test_ui_links_compare_the_newest_pipeline_run_of_each_overlay(tmp_path):
 
 
 SIGNALS = SIGNAL_NAMES[:6]
-NAMES = (*CONTEXT_NAMES, *history_names(5), *SIGNALS)
+NAMES = state_feature_names(5, SIGNALS)
 
 
 def _student(path: Path, seed: int = 0) -> Path:
