@@ -31,12 +31,12 @@ import dataclasses
 import itertools
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from decoder.files import replace_atomically
 
 if TYPE_CHECKING:  # kept off import so re-pricing needs neither torch nor transformers
     from decoder.generate import RoundStats
@@ -186,18 +186,7 @@ def save_profile(profile: LatencyProfile, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(profile)}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return replace_atomically(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def load_profile(path: str | Path) -> LatencyProfile:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from collectors.budget_file import pair_budget
 from collectors.latency import LatencyProfile, load_profile
 from collectors.prompts import Question, encode_prompts, load_questions
 from collectors.report import (
@@ -47,6 +48,12 @@ PACKAGES = ("config", "decoder", "features", "collectors", "models", "pipeline")
 def tree_config(tree: TreeParams) -> TreeConfig:
     """The decoder's TreeConfig for params.yaml's ``tree`` section (same fields)."""
     return TreeConfig(**dataclasses.asdict(tree))
+
+
+def pair_tree(params: Params, pair_id: str) -> TreeConfig:
+    """The pair's TreeConfig: the ``tree`` section with the verification budget the budget stage
+    chose for this pair (``<budget.out_dir>/budgets.json``)."""
+    return dataclasses.replace(tree_config(params.tree), budget=pair_budget(params, pair_id))
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ def plan_reports(params: Params) -> Plan:
         raise ValueError(f"collect.backend must be one of {BACKENDS}, got {cfg.backend!r}")
     if cfg.prompts_per_report <= 0 or cfg.max_new_tokens <= 0 or cfg.prompt_start < 0:
         raise ValueError("collect.prompts_per_report and collect.max_new_tokens must be positive")
+    if cfg.workers < 1:
+        raise ValueError(f"collect.workers must be >= 1 (1: collect in this process), got {cfg.workers}")
     specs_for(params.tree.depth)
     reports_dir = resolve(cfg.out_dir) / "reports"
     stop = cfg.prompt_start + cfg.prompts_per_report
@@ -102,6 +111,7 @@ def report_inputs(params: Params, spec: ReportSpec) -> dict[str, object]:
         "profile": digest_json(dataclasses.asdict(profile_for(params, spec.pair_id))),
         "prompts": digest_json([dataclasses.asdict(q) for q in questions]),
         **{f"tree.{k}": v for k, v in dataclasses.asdict(params.tree).items()},
+        "tree.budget": pair_budget(params, spec.pair_id),
         "collect.mode": cfg.mode,
         "collect.max_new_tokens": cfg.max_new_tokens,
         "collect.max_prompt_tokens": cfg.max_prompt_tokens,
@@ -174,7 +184,8 @@ def run_report(
     inputs = report_inputs(params, spec) if inputs is None else inputs
     pair = load_registered_pair(params, spec.pair_id)
     prompts = report_prompts(params, spec, pair.tokenizer)
-    config = DecodeConfig(params.collect.max_new_tokens, 0.0, params.collect.seed, tree_config(params.tree))
+    cfg = params.collect
+    config = DecodeConfig(cfg.max_new_tokens, 0.0, cfg.seed, pair_tree(params, spec.pair_id))
     profile = profile_for(params, spec.pair_id)
     stride = params.collect.round_table_stride
     tables = collect_report(spec, pair, prompts, profile, config, params.collect.mode, progress, stride)

@@ -7,6 +7,12 @@ all-schedules replay and each learned policy from ``collectors.policy_replay`` (
 is the sum of its priced rounds; fixed schedules make no decisions at run time, so they pay no
 scheduler cost. Autoregressive decoding is priced as n_tokens one-token steps.
 
+What depends only on the target is computed once per prompt and shared (``TargetMemo``): the
+continuation g with its stop, and the n-gram drafter holding the target's rows, which the
+all-schedules replay and every policy replay would otherwise each recompute (a prefill and a block
+forward of the text). A memo passed to several cells whose pairs share the target (zoo-l and zoo-lw)
+serves all of them; the mid drafter's KV is the pair's own and is never shared.
+
 The speedup over AR is a ratio of sums over prompts (every method emits the same tokens); its 95%
 interval is a bootstrap over prompts (the same resamples for every method). The best fixed schedule
 in hindsight is the argmax of priced tokens/s over the 2^D schedules on these very prompts.
@@ -14,8 +20,9 @@ in hindsight is the argmax of priced tokens/s over the 2^D schedules on these ve
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,6 +32,7 @@ from collectors.records import RoundRecord, bits_text
 from collectors.replay import Replayer
 from decoder.config import DecodeConfig
 from decoder.models import ModelPair
+from decoder.ngram import NgramDrafter
 from decoder.policies import RuntimeContext, schedule_bits
 
 FIXED = {"all-small": "00000", "all-mid": "11111"}
@@ -79,6 +87,52 @@ def bootstrap_speedup(
     return point, float(low), float(high)
 
 
+@dataclass
+class TargetMemo:
+    """Per prompt, what depends only on the target: g and its stop, the drafter with the target's
+    rows (kept unused: every replay gets a copy). Serves one target (weights, dtype, device)."""
+
+    owner: tuple | None = None
+    continuations: dict[tuple, tuple[list[int], int]] = field(default_factory=dict)
+    rows: dict[tuple, NgramDrafter] = field(default_factory=dict)
+
+    def check(self, pair: ModelPair) -> None:
+        t = pair.target
+        owner = (getattr(t.config, "_name_or_path", "") or id(t), str(t.dtype), str(t.device))
+        if self.owner is None:
+            self.owner = owner
+        elif self.owner != owner:
+            raise ValueError(f"a TargetMemo of target {self.owner} was handed target {owner}")
+
+
+class MemoReplayer(Replayer):
+    """A Replayer that takes g and the target's rows from a TargetMemo, computing each once."""
+
+    def __init__(
+        self, pair: ModelPair, config: DecodeConfig, schedules, memo: TargetMemo, round_table_stride: int = 0
+    ) -> None:
+        super().__init__(pair, config, schedules, round_table_stride)
+        memo.check(pair)
+        self.memo = memo
+        # g and the rows do not depend on the verification budget (lossless decoding commits the
+        # target's greedy tokens whatever tree it verifies): pairs of one target share them.
+        self._facts = (pair.eos_token_ids, pair.context_len, pair.vocab_size,
+                       replace(config, tree=replace(config.tree, budget=1)))  # fmt: skip
+
+    def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
+        key = (tuple(prompt), self._facts)
+        if key not in self.memo.continuations:
+            self.memo.continuations[key] = super().continuation(prompt)
+        g, limit = self.memo.continuations[key]
+        return list(g), limit
+
+    def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
+        key = (tuple(prompt), tuple(text), self._facts)
+        if key not in self.memo.rows:
+            self.memo.rows[key] = super().ngram_with_rows(prompt, text)
+        return copy.deepcopy(self.memo.rows[key])
+
+
 @dataclass(frozen=True)
 class PricedCell:
     ar_ms: np.ndarray
@@ -95,29 +149,36 @@ def priced_cell(
     prompts: list[list[int]],
     config: DecodeConfig,
     profile: LatencyProfile,
-    runtime: RuntimeContext,
+    runtime: RuntimeContext | Sequence[RuntimeContext],
     policies: dict[str, Callable],
     fixed: dict[str, str],
     progress: Callable[[], None] | None = None,
+    memo: TargetMemo | None = None,
 ) -> PricedCell:
     """Replay every fixed schedule and every policy on every prompt; price them with the profile.
 
+    ``runtime``: the learned policies' runtime context, one for all prompts or one per prompt.
+
     ``fixed``: method name -> bit string (shown beside the best fixed schedule in hindsight, added as
-    "best-fixed"); ``policies``: method name -> scheduler.
+    "best-fixed"); ``policies``: method name -> scheduler; ``memo``: shared with the other cells of
+    this target (default: this cell's own).
     """
     depth = config.tree.depth
     schedules = [schedule_bits(s, depth) for s in range(2**depth)]
-    replayer = Replayer(pair, config, schedules, round_table_stride=0)
+    replayer = MemoReplayer(pair, config, schedules, TargetMemo() if memo is None else memo)
     per_schedule: list[list[Replayed]] = [[] for _ in schedules]
     per_policy: dict[str, list[Replayed]] = {n: [] for n in policies}
     ar_ms, tokens = [], []
-    for prompt in prompts:
+    runtimes = list(runtime) if isinstance(runtime, Sequence) else [runtime] * len(prompts)
+    if len(runtimes) != len(prompts):
+        raise ValueError(f"{len(runtimes)} runtime contexts for {len(prompts)} prompts")
+    for prompt, rt in zip(prompts, runtimes, strict=True):
         inputs = replayer.inputs(prompt)
         rep = replayer.replay_prompt(prompt, inputs)
         for s in range(len(schedules)):
             per_schedule[s].append((rep.rounds[s], rep.n_tokens[s], [schedules[s]] * len(rep.rounds[s])))
         for name, policy in policies.items():
-            traj = replay_policy(replayer, inputs, policy, runtime)
+            traj = replay_policy(replayer, inputs, policy, rt)
             per_policy[name].append((traj.rounds, traj.n_tokens, traj.bits))
         emitted = {rep.n_tokens[s] for s in range(len(schedules))} | {v[-1][1] for v in per_policy.values()}
         if emitted != {inputs.limit}:

@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from collectors.latency import LatencyProfile
-from collectors.plan import profile_for, report_inputs, report_prompts, tree_config
+from collectors.plan import pair_tree, profile_for, report_inputs, report_prompts
 from collectors.report import ReportSpec, ReportTables, collect_report, write_report
 from config.params import ROOT, Params, RayParams
 from decoder.config import DecodeConfig
@@ -160,7 +160,6 @@ def _collect_all(
 ) -> list[Path]:
     cfg, threads = params.collect, params.runtime.torch_threads
     worker = ray.remote(PairWorker).options(num_cpus=threads, num_gpus=cfg.ray.gpus_per_task)
-    decode = DecodeConfig(cfg.max_new_tokens, 0.0, cfg.seed, tree_config(params.tree))
     by_pair: dict[str, list[ReportSpec]] = {}
     for spec in specs:
         by_pair.setdefault(spec.pair_id, []).append(spec)
@@ -168,6 +167,7 @@ def _collect_all(
     for pair_id, pair_specs in by_pair.items():
         actors[pair_id] = actor = worker.remote(_checkpoint(params, pair_id), threads)
         tokenizer, profile = _tokenizer(params.pair_paths(pair_id)[0]), profile_for(params, pair_id)
+        decode = DecodeConfig(cfg.max_new_tokens, 0.0, cfg.seed, pair_tree(params, pair_id))
         for spec in pair_specs:
             prompts = report_prompts(params, spec, tokenizer)
             call = actor.collect.remote(spec, prompts, profile, decode, cfg.mode, cfg.round_table_stride)

@@ -64,6 +64,7 @@ class PromptReplay:
     rounds: dict[int, list[RoundRecord]]  # schedule id -> the trajectory's rounds
     n_tokens: dict[int, int]
     starts: dict[int, list[BranchOutcome]]  # round-table starts: committed length -> all schedules
+    start_lags: dict[int, int] = field(default_factory=dict)  # round-table start -> its mid lag
 
 
 def branch_copy(state: BuildState) -> BuildState:
@@ -81,6 +82,14 @@ def small_frontier(tree: DraftTree, bits: tuple[bool, ...], width: int, sequenti
         if tree.alive[v] and step < len(created):
             created[step] += 1
     return sum(min(width, created[k - 1]) for k, mid in enumerate(bits, start=1) if not mid)
+
+
+def arrival_lag(lags: list[int]) -> int:
+    """A round-table start's mid lag: the lower median of the lags (committed tokens the mid
+    drafter's cache lacks) of the schedules whose trajectories arrive there. Different schedules
+    arrive with different lags; the median is one that real trajectories have at this start."""
+    ordered = sorted(lags)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def accepted_along(tree: DraftTree, text: list[int], start: int) -> list[int]:
@@ -148,6 +157,7 @@ class Replayer:
         state = {s: Walk() for s in range(len(self.schedules))}
         heap = [p0]
         visited = 0
+        lags: dict[int, int] = {}
         while heap:
             start = heapq.heappop(heap)
             ngram.commit(text[len(ngram.index.tokens) : start])
@@ -158,6 +168,7 @@ class Replayer:
             visited += 1
             if full:
                 starts[start] = outcomes  # type: ignore[assignment]
+                lags[start] = arrival_lag([state[s].lag_at(start) for s in at[start]])
             for s in at.pop(start):
                 nxt = state[s].advance(outcomes[s], start, limit, self.schedules[s])
                 if nxt is not None:
@@ -166,7 +177,7 @@ class Replayer:
                         heapq.heappush(heap, nxt)
                     at[nxt].append(s)
         return PromptReplay(
-            {s: w.rounds for s, w in state.items()}, {s: w.emitted for s, w in state.items()}, starts
+            {s: w.rounds for s, w in state.items()}, {s: w.emitted for s, w in state.items()}, starts, lags
         )
 
     def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
@@ -265,9 +276,13 @@ class Walk:
     mid_committed: int = 0  # committed tokens the mid drafter's cache would hold in execute mode
     rounds: list[RoundRecord] = field(default_factory=list)
 
+    def lag_at(self, start: int) -> int:
+        """Committed tokens (root excluded) the mid drafter's cache lacks at round start `start`."""
+        return (start - 1) - self.mid_committed
+
     def advance(self, o: BranchOutcome, start: int, limit: int, bits: tuple[bool, ...]) -> int | None:
         take = min(o.accepted + 1, limit - self.emitted)
-        catch_up, lag = 0, (start - 1) - self.mid_committed
+        catch_up, lag = 0, self.lag_at(start)
         if o.mid_tree_tokens:
             catch_up = (start - 1) - self.mid_committed
             self.mid_committed = start + o.fed_accepted

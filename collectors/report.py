@@ -27,12 +27,13 @@ from tqdm import tqdm
 from collectors.execute import execute_prompt
 from collectors.latency import LatencyProfile, RoundCounts, price_round
 from collectors.records import ReportKey, RoundRecord, bits_text, runtime_for, trajectory_rows
-from collectors.replay import Replayer
+from collectors.replay import BranchOutcome, PromptReplay, Replayer
 from decoder.config import DecodeConfig
+from decoder.files import fsync_dir
 from decoder.models import ModelPair
 from decoder.policies import schedule_bits
 from features.collect_schemas import MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
-from features.tables import SchemaError, TableSpec, fsync_dir, read_table, to_table, write_table
+from features.tables import SchemaError, TableSpec, read_table, to_table, write_table
 
 log = logging.getLogger(__name__)
 MODES = ("replay", "execute")
@@ -107,7 +108,7 @@ def collect_report(
             for s in per_schedule:
                 per_schedule[s] += rep.rounds[s]
                 tokens[s] += rep.n_tokens[s]
-            round_rows += _round_rows(spec.key, p_id, rep.starts, profile)
+            round_rows += _round_rows(spec.key, p_id, len(prompt), rep, profile)
             bar.update()
     else:
         for s, bits in enumerate(schedules):
@@ -133,18 +134,17 @@ def collect_report(
     )
 
 
-def _round_rows(key: ReportKey, prompt_id: int, starts: dict, profile: LatencyProfile) -> list[dict]:
-    """Every schedule from every visited start, priced as if the mid drafter were caught up."""
+def _round_rows(
+    key: ReportKey, prompt_id: int, prompt_tokens: int, rep: PromptReplay, profile: LatencyProfile
+) -> list[dict]:
+    """Every schedule from every round-table start, priced as execute mode would price it arriving
+    with the start's mid lag: the first mid call also forwards the lag (catch-up), as in
+    RoundRecord.counts, with the same tree and frontier counts as the trajectory rows."""
     rows = []
-    for start, outcomes in sorted(starts.items()):
+    for start, outcomes in sorted(rep.starts.items()):
         depth = len(outcomes[0].signals)
-        ms = [
-            price_round(
-                profile,
-                RoundCounts(o.verified_nodes, o.mid_tree_tokens, depth - len(o.mid_tree_tokens), depth),
-            )
-            for o in outcomes
-        ]
+        lag = rep.start_lags[start]
+        ms = [price_round(profile, _counts(o, depth, lag)) for o in outcomes]
         tps = [1e3 * (o.accepted + 1) / t for o, t in zip(outcomes, ms, strict=True)]
         best = max(range(len(outcomes)), key=lambda s: (tps[s], -s))
         for s, o in enumerate(outcomes):
@@ -152,7 +152,9 @@ def _round_rows(key: ReportKey, prompt_id: int, starts: dict, profile: LatencyPr
                 {
                     **key.as_row(),
                     "prompt_id": prompt_id,
+                    "prompt_tokens": prompt_tokens,
                     "start_position": start,
+                    "mid_lag": lag,
                     "schedule_id": s,
                     "accepted": o.accepted,
                     "verified_nodes": o.verified_nodes,
@@ -165,6 +167,22 @@ def _round_rows(key: ReportKey, prompt_id: int, starts: dict, profile: LatencyPr
                 }
             )
     return rows
+
+
+def _counts(o: BranchOutcome, depth: int, lag: int) -> RoundCounts:
+    record = RoundRecord(
+        accepted=o.accepted,
+        emitted=o.accepted + 1,
+        verified_nodes=o.verified_nodes,
+        mid_tree_tokens=o.mid_tree_tokens,
+        mid_catch_up=lag if o.mid_tree_tokens else 0,
+        small_steps=depth - len(o.mid_tree_tokens),
+        signals=o.signals,
+        tree_nodes=o.tree_nodes,
+        small_frontier=o.small_frontier,
+        mid_lag=lag,
+    )
+    return record.counts()
 
 
 def digest_json(value: object) -> str:

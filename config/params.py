@@ -110,6 +110,34 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class BlockDrafterSpec:
+    """One zoo block drafter (decoder/block_drafter.py) for the zoo target ``target``.
+
+    It reads ``target_layers`` hidden states of the target (evenly spread over its depth) at the last
+    ``context`` positions and predicts ``k`` positions per forward. It trains ``steps`` steps on
+    ``sequences`` sequences (half the target's greedy continuations of ``new_tokens`` tokens, half
+    ``corpus`` windows; the last ``held_out`` are held out), loss weights exp(-(k-1) / gamma).
+    """
+
+    target: str
+    corpus: tuple[str, ...]
+    k: int
+    target_layers: int
+    context: int
+    layers: int
+    d_model: int
+    heads: int
+    ffn: int
+    steps: int
+    batch_size: int
+    lr: float
+    gamma: float
+    sequences: int
+    new_tokens: int
+    held_out: int
+
+
+@dataclass(frozen=True)
 class ZooParams:
     out_dir: str
     seed: int
@@ -117,6 +145,7 @@ class ZooParams:
     tokenizer: TokenizerParams
     train: TrainParams
     models: dict[str, ModelSpec]
+    block_drafters: dict[str, BlockDrafterSpec]
 
 
 @dataclass(frozen=True)
@@ -178,6 +207,17 @@ class ProfileParams:
 
 
 @dataclass(frozen=True)
+class BudgetParams:
+    """The ``budget`` stage: each pair's verification budget, measured on the collect prompt slice."""
+
+    out_dir: str
+    mode: str  # measured (the sweep picks B) | fixed (every pair gets tree.budget, nothing measured)
+    datasets: tuple[str, ...]  # prompts taken in turn from these
+    prompts_per_pair: int  # from collect.prompt_start on, never reaching evaluate.prompt_start
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
 class RayParams:
     """``collect.backend: ray``: ``address`` joins a running cluster ("" = the RAY_ADDRESS environment
     variable if set, else a local instance of ``num_cpus`` CPUs); GPUs reserved per pair actor."""
@@ -202,6 +242,7 @@ class CollectParams:
     max_prompt_tokens: int
     seed: int
     round_table_stride: int  # replay: all 2^D schedules at every k-th visited round start (0: none)
+    workers: int  # local backend: processes collecting reports side by side (1: in this process)
     ray: RayParams
 
 
@@ -248,6 +289,8 @@ class DistillParams:
     train: TrainConfig
     loss: str  # mse | weighted_mse | weighted_logistic (models/student.py)
     skip_tolerance_pct: float  # threshold: the largest within this many % points of the best
+    threshold_rule: str  # walked (mean walked % of best) | state (mean per-state regret)
+    train_set: str  # auto | canonical | rounds | both (auto: the best out of fold is exported)
 
 
 @dataclass(frozen=True)
@@ -282,6 +325,7 @@ class EvaluateParams:
     wall_methods: tuple[str, ...]  # methods decoded for real (autoregressive always is)
     bootstrap: int  # resamples over prompts for the 95% intervals
     max_new_tokens: int
+    workers: int  # processes for the priced replay (1: in this process); wall clock runs alone
     ablation: AblationParams
 
 
@@ -301,6 +345,7 @@ class Params:
     real_pair: RealPairParams
     tree: TreeParams
     profile: ProfileParams
+    budget: BudgetParams
     collect: CollectParams
     mlflow: MlflowParams
     canonicalize: CanonicalizeParams

@@ -26,9 +26,7 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,8 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import load_file, save
+
+from decoder.files import replace_atomically
 
 SCHEMA_VERSION = "treegraft-mlp/2"  # /2: manifest_sha256 over the manifest and weights together
 KINDS = ("student", "value")
@@ -314,20 +314,6 @@ def build_manifest(
     }
 
 
-def _replace_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file next to ``path``, fsync, rename: never half a file."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(name, path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-
-
 def write_artifact(path: Path | str, manifest: dict, arrays: dict[str, np.ndarray]) -> Path:
     """Check, then write weights and manifest (adding schema_version and both checksums).
 
@@ -345,8 +331,8 @@ def write_artifact(path: Path | str, manifest: dict, arrays: dict[str, np.ndarra
     validate_manifest(full, str(meta))
     check_arrays(full, tensors, str(weights))
     meta.parent.mkdir(parents=True, exist_ok=True)
-    _replace_atomically(weights, blob)
-    _replace_atomically(meta, (json.dumps(full, indent=2) + "\n").encode())  # key order kept
+    replace_atomically(weights, blob)
+    replace_atomically(meta, (json.dumps(full, indent=2) + "\n").encode())  # key order kept
     return meta
 
 

@@ -38,6 +38,20 @@ class TreeConfig:
 
 
 @dataclass(frozen=True)
+class BlockConfig:
+    """The `ddtree` policy (GRAFT, design/GRAFT.md): a DDTree from a block proposer's marginals."""
+
+    budget: int = 63  # B drafted nodes per tree (popped prefixes), as the TreeGraft budget
+    topk: int = 8  # m candidates per future position
+    k: int = 8  # positions per round of the stand-in proposer generate builds when given none
+
+    def __post_init__(self) -> None:
+        for name in ("budget", "topk", "k"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"BlockConfig.{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     """One generation call: budget, sampling and the tree settings."""
 
@@ -45,6 +59,7 @@ class DecodeConfig:
     temperature: float = 0.0
     seed: int = 0
     tree: TreeConfig = TreeConfig()
+    block: BlockConfig = BlockConfig()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:

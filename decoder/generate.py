@@ -13,6 +13,10 @@ and the deepest draft tree (target and mid), and generation configs with logits 
 (repetition penalty, n-gram bans, ...) or, when sampling, warpers (top-k/top-p, ...), which this
 runtime does not apply: silently ignoring them would not be the target's own output.
 
+The `ddtree` policy (GRAFT) drafts with a `BlockProposer` instead: each round one DDTree of
+config.block.budget nodes from the proposer's per-position marginals, verified by the same
+TargetVerifier (which then also keeps the target features the proposer reads, if any).
+
 CLI: `python -m decoder.generate --target PATH [--mid PATH] --prompt TEXT --policy 10101`.
 """
 
@@ -21,64 +25,26 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
+from decoder.block import BlockProposer
+from decoder.block_decode import ddtree_generate
+from decoder.block_proposers import CausalLMProposer
 from decoder.config import DecodeConfig
-from decoder.construct import RoundBuilder, StepRecord
+from decoder.construct import RoundBuilder
 from decoder.device_rows import TorchRow
 from decoder.mid import MidDrafter
 from decoder.models import ModelPair, context_of
 from decoder.ngram import NgramDrafter
-from decoder.policies import AR, RuntimeContext, Scheduler, StepContext, parse_policy, uses_mid
+from decoder.outcome import GenerationResult, Output, RoundStats
+from decoder.policies import AR, DDTREE, RuntimeContext, Scheduler, StepContext, parse_policy, uses_mid
 from decoder.sampling import sample_token
 from decoder.tensors import causal_block, forward_block
 from decoder.timing import make_clock, no_clock, zero_times
 from decoder.verify import TargetVerifier
-
-
-@dataclass(frozen=True)
-class RoundStats:
-    """One draft-and-verify round."""
-
-    accepted: int  # drafted tokens the target accepted AND that were emitted (bonus not counted)
-    emitted: int  # tokens added to the output this round (after EOS / budget truncation)
-    tree_size: int  # live drafted nodes before the prune
-    verified_size: int  # drafted nodes sent to the target
-    steps: tuple[StepRecord, ...]
-    times: dict[str, float]  # seconds per component
-    mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
-
-    @property
-    def mid_calls(self) -> tuple[bool, ...]:
-        return tuple(s.used_mid for s in self.steps)
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    new_tokens: list[int]
-    rounds: list[RoundStats]
-    prefill_s: float
-    wall_s: float  # prefill + decoding
-    stopped_at_eos: bool
-
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.new_tokens) / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return float(np.mean([r.accepted for r in self.rounds])) if self.rounds else 0.0
-
-    def component_times(self) -> dict[str, float]:
-        total = zero_times()
-        for r in self.rounds:
-            for k, v in r.times.items():
-                total[k] += v
-        return total
 
 
 def max_tree_depth(config: DecodeConfig) -> int:
@@ -162,30 +128,6 @@ def check_prompt(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, p
             )
 
 
-class _Output:
-    """Collects emitted tokens and applies the exact stopping rules."""
-
-    def __init__(self, limit: int, eos: tuple[int, ...]) -> None:
-        self.tokens: list[int] = []
-        self.limit = limit
-        self.eos = set(eos)
-        self.done = False
-        self.hit_eos = False
-
-    def emit(self, tokens: list[int]) -> int:
-        n = 0
-        for t in tokens:
-            if self.done:
-                break
-            self.tokens.append(int(t))
-            n += 1
-            if t in self.eos:
-                self.done = self.hit_eos = True
-            elif len(self.tokens) >= self.limit:
-                self.done = True
-        return n
-
-
 def generate(
     pair: ModelPair,
     prompt_ids: list[int],
@@ -193,15 +135,26 @@ def generate(
     config: DecodeConfig | None = None,
     runtime: RuntimeContext | None = None,
     timing: bool = True,
+    proposer: BlockProposer | None = None,
 ) -> GenerationResult:
-    """Decode with the given policy ('ar', 'all-small', 'all-mid', '10101' or a scheduler).
+    """Decode with the given policy ('ar', 'ddtree', 'all-small', 'all-mid', '10101' or a scheduler).
 
     timing=False leaves the per-round component times at 0 and reads the (syncing) clock only for
-    prefill and wall time, so an accelerator is not synchronised ~20 times per round.
+    prefill and wall time, so an accelerator is not synchronised ~20 times per round. `proposer`
+    serves 'ddtree'; without one, a CausalLMProposer over the pair's mid drafter stands in.
     """
     config = config or DecodeConfig()
     parsed = parse_policy(policy, config.tree.depth)
     prompt = [int(t) for t in prompt_ids]
+    if parsed == DDTREE:
+        if proposer is None:
+            if pair.mid is None:
+                raise ValueError("policy 'ddtree' needs a block proposer or a pair with a mid drafter")
+            proposer = CausalLMProposer(pair.mid, pair.vocab_size, config.block.k)
+            check_block_prompt(pair, prompt, config, proposer.k, pair.mid)
+        else:
+            check_block_prompt(pair, prompt, config, proposer.k)
+        return ddtree_generate(pair, prompt, proposer, config, timing)
     if uses_mid(parsed) and pair.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter but the pair has none")
     check_prompt(pair, prompt, config, parsed)
@@ -231,7 +184,7 @@ def _speculative(
     ngram.commit(prompt)
     ngram.cache.set_rows(top.start, top.tokens, top.logps)
     committed = list(prompt)
-    out = _Output(config.max_new_tokens, pair.eos_token_ids)
+    out = Output(config.max_new_tokens, pair.eos_token_ids)
     prefill_s = wall() - t_start
     rounds: list[RoundStats] = []
     while not out.done:
@@ -267,6 +220,21 @@ def _speculative(
     return GenerationResult(out.tokens, rounds, prefill_s, wall() - t_start, out.hit_eos)
 
 
+def check_block_prompt(
+    pair: ModelPair, prompt: list[int], config: DecodeConfig, k: int, drafter: torch.nn.Module | None = None
+) -> None:
+    """check_prompt for 'ddtree': trees are at most k deep; a causal-LM stand-in runs k-1 past them."""
+    check_prompt(pair, prompt, config, AR)
+    need = len(prompt) + config.max_new_tokens + k
+    models = [("target", pair.target)] + ([("block proposer", drafter)] if drafter is not None else [])
+    for name, model in models:
+        if need > context_of(model):
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) + the deepest "
+                f"DDTree ({k} tokens) = {need} exceeds the {name}'s context of {context_of(model)} tokens"
+            )
+
+
 @torch.inference_mode()
 def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> GenerationResult:
     """One target forward per token on a KV cache: the baseline every speedup is measured against.
@@ -281,7 +249,7 @@ def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> 
     cache = DynamicCache()
     logits = forward_block(model, cache, causal_block(prompt, 0, 0), logits_to_keep=1)[-1, : pair.vocab_size]
     prefill_s = clock() - t_start
-    out = _Output(config.max_new_tokens, pair.eos_token_ids)
+    out = Output(config.max_new_tokens, pair.eos_token_ids)
     pos = len(prompt)
     while True:
         if config.temperature == 0:
@@ -323,7 +291,9 @@ def _parse_args(argv: list[str] | None):
     p.add_argument("--target", required=True, help="local folder of the target checkpoint")
     p.add_argument("--mid", help="local folder of the mid drafter (same tokenizer as the target)")
     p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument("--policy", default="all-small", help="ar | all-small | all-mid | a bit string like 10101")
+    p.add_argument(
+        "--policy", default="all-small", help="ar | ddtree | all-small | all-mid | a bit string like 10101"
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)

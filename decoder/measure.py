@@ -75,23 +75,27 @@ def run_side_by_side(
     prompts: Sequence[list[int]],
     methods: Sequence[Method],
     config: DecodeConfig,
-    runtime: RuntimeContext | None = None,
+    runtime: RuntimeContext | Sequence[RuntimeContext] | None = None,
     warmup_tokens: int = 16,
     timing: bool = True,
 ) -> dict[str, list[GenerationResult]]:
     """Same warm-up for every method, then every prompt with every method (AR first, always).
 
+    runtime: one context for every prompt, or one per prompt (each with its prompt's own length).
     timing=False: no per-component times (no per-step accelerator syncs), wall times only.
     """
+    runtimes = list(runtime) if isinstance(runtime, Sequence) else [runtime] * len(prompts)
+    if len(runtimes) != len(prompts):
+        raise ValueError(f"{len(runtimes)} runtime contexts for {len(prompts)} prompts")
     methods = [Method(AR, AR), *[m for m in methods if m.name != AR]]
     configs = {m.name: replace(config, tree=m.tree) if m.tree is not None else config for m in methods}
     for m in methods:
         warm = replace(configs[m.name], max_new_tokens=min(warmup_tokens, config.max_new_tokens))
-        generate(pair, prompts[0], m.policy, warm, runtime, timing)
+        generate(pair, prompts[0], m.policy, warm, runtimes[0], timing)
     results: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}
-    for prompt in prompts:
+    for prompt, rt in zip(prompts, runtimes, strict=True):
         for m in methods:
-            results[m.name].append(generate(pair, prompt, m.policy, configs[m.name], runtime, timing))
+            results[m.name].append(generate(pair, prompt, m.policy, configs[m.name], rt, timing))
     return results
 
 

@@ -2,7 +2,8 @@
 
 A scheduler is any callable taking a `StepContext` and returning True to invoke the mid drafter.
 Fixed schedules are strings of D bits, step 1 first ("10101" = mid at steps 1, 3, 5); a schedule id
-0..2^D-1 maps to bits with bit k-1 = step k (see `schedule_bits`).
+0..2^D-1 maps to bits with bit k-1 = step k (see `schedule_bits`). 'ddtree' is no schedule: it
+names the GRAFT path, a DDTree from a block proposer's marginals (decoder/generate.py).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class FixedSchedule:
 
 
 AR = "ar"
+DDTREE = "ddtree"
 NAMED = {"all-small": "0", "all-mid": "1"}
 
 
@@ -76,19 +78,20 @@ def schedule_bits(schedule_id: int, depth: int) -> tuple[bool, ...]:
 
 
 def parse_policy(policy: str | Callable[[StepContext], bool], depth: int) -> str | Scheduler:
-    """'ar' stays 'ar'; 'all-small', 'all-mid' and bit strings become FixedSchedule."""
+    """'ar' and 'ddtree' stay as they are; 'all-small', 'all-mid' and bit strings become FixedSchedule."""
     if callable(policy):
         return policy
-    if policy == AR:
-        return AR
+    if policy in (AR, DDTREE):
+        return policy
     text = NAMED[policy] * depth if policy in NAMED else policy
     if len(text) != depth or set(text) - {"0", "1"}:
         raise ValueError(
-            f"policy {policy!r}: expected 'ar', 'all-small', 'all-mid' or a string of "
+            f"policy {policy!r}: expected 'ar', 'ddtree', 'all-small', 'all-mid' or a string of "
             f"{depth} bits like {'10' * (depth // 2) + '1' * (depth % 2)!r}"
         )
     return FixedSchedule(tuple(c == "1" for c in text))
 
 
 def uses_mid(policy: str | Scheduler) -> bool:
-    return not (policy == AR or (isinstance(policy, FixedSchedule) and not any(policy.bits)))
+    """Whether the TreeGraft construction calls the mid drafter ('ddtree' has its own proposer)."""
+    return not (policy in (AR, DDTREE) or (isinstance(policy, FixedSchedule) and not any(policy.bits)))

@@ -110,6 +110,21 @@ def forward_block(
     return out.logits[0].float()
 
 
+def layer_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """[q, len(layers) * H]: HF's per-layer hidden states of one sequence, concatenated per position."""
+    return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
+
+
+@torch.inference_mode()
+def forward_block_features(
+    model: torch.nn.Module, cache: DynamicCache, block: QueryBlock, layers: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """forward_block that also returns the hidden states at `layers` ([q, V] fp32, [q, L * H])."""
+    _check_cache(cache, block)
+    out = model(**_model_inputs(model, block), cache=cache, use_cache=True, output_hidden_states=True)
+    return out.logits[0].float(), layer_features(out.hidden_states, layers)
+
+
 @torch.inference_mode()
 def forward_top_logps(
     model: torch.nn.Module,
@@ -129,7 +144,33 @@ def forward_top_logps(
     _check_cache(cache, block)
     body = model.get_decoder()
     out = body(**_model_inputs(model, block), cache=cache, use_cache=True)
-    hidden = out.last_hidden_state[0]
+    return _top_logps_of(model, out.last_hidden_state[0], vocab_size, m, chunk)
+
+
+@torch.inference_mode()
+def forward_top_logps_features(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    block: QueryBlock,
+    vocab_size: int,
+    m: int,
+    layers: tuple[int, ...],
+    chunk: int = PREFILL_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """forward_top_logps that also returns the hidden states at `layers`, [q, L * H]."""
+    if chunk <= 0:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    _check_cache(cache, block)
+    body = model.get_decoder()
+    out = body(**_model_inputs(model, block), cache=cache, use_cache=True, output_hidden_states=True)
+    vals, ids = _top_logps_of(model, out.last_hidden_state[0], vocab_size, m, chunk)
+    return vals, ids, layer_features(out.hidden_states, layers)
+
+
+def _top_logps_of(
+    model: torch.nn.Module, hidden: torch.Tensor, vocab_size: int, m: int, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-m (log-probs, ids) of the output head over `hidden`, `chunk` rows at a time."""
     head = model.get_output_embeddings()
     cap = getattr(model.config, "final_logit_softcapping", None)
     k = min(m, vocab_size)

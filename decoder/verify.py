@@ -6,6 +6,11 @@ mask, picks the accepted path (greedy, or lossless rejection sampling at tempera
 the KV of the root and the accepted path only, and hands back the target's top-m log-probs at
 those positions so the n-gram drafter's score cache stays fresh.
 
+Optionally (`feature_layers`, for block drafters: decoder/block.py) the same forwards also return
+the hidden states at those layers, and the verifier keeps the rows of every cached position in
+`features`, aligned with the cache. With no layers asked nothing of this runs (no
+output_hidden_states), so the other policies pay nothing.
+
 Host work per round does not grow with the context: the mask is built on the device for the new
 block only, compaction gathers O(accepted) rows, greedy acceptance brings one argmax per node to the
 host and sampling keeps the probability rows on the device (decoder/device_rows.py). Prefill keeps
@@ -21,8 +26,17 @@ import torch
 from transformers import DynamicCache
 
 from decoder.device_rows import TorchRow
+from decoder.feature_rows import FeatureRows, check_feature_layers
 from decoder.sampling import sample_walk
-from decoder.tensors import QueryBlock, causal_block, compact_cache, forward_block, forward_top_logps
+from decoder.tensors import (
+    QueryBlock,
+    causal_block,
+    compact_cache,
+    forward_block,
+    forward_block_features,
+    forward_top_logps,
+    forward_top_logps_features,
+)
 from decoder.tree import DraftTree
 
 
@@ -52,11 +66,23 @@ def top_logps(logits: torch.Tensor, m: int, start: int) -> TopLogps:
 class TargetVerifier:
     """Owns the target model's KV cache for one generation."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, topk: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, vocab_size: int, topk: int, feature_layers: tuple[int, ...] = ()
+    ) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.topk = topk
         self.cache = DynamicCache()
+        self.feature_layers = check_feature_layers(model, feature_layers)
+        self._features: FeatureRows | None = None
+        if self.feature_layers:
+            width = len(self.feature_layers) * int(model.config.hidden_size)
+            self._features = FeatureRows(width, model.dtype, model.device)
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        """[n_cached, len(feature_layers) * hidden] target hidden states, None when none are kept."""
+        return None if self._features is None else self._features.view()
 
     @property
     def n_cached(self) -> int:
@@ -68,7 +94,13 @@ class TargetVerifier:
         if not body:
             return TopLogps(start=0, tokens=[], logps=[])
         block = causal_block(body, 0, 0)
-        vals, ids = forward_top_logps(self.model, self.cache, block, self.vocab_size, self.topk)
+        if self._features is None:
+            vals, ids = forward_top_logps(self.model, self.cache, block, self.vocab_size, self.topk)
+        else:
+            vals, ids, feats = forward_top_logps_features(
+                self.model, self.cache, block, self.vocab_size, self.topk, self.feature_layers
+            )
+            self._features.append(feats)
         return TopLogps(start=0, tokens=ids.tolist(), logps=vals.tolist())
 
     def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict:
@@ -80,7 +112,11 @@ class TargetVerifier:
             visible=tree.ancestor_mask(),
             prefix_len=prefix,
         )
-        logits = forward_block(self.model, self.cache, block)[:, : self.vocab_size]
+        if self._features is None:
+            logits = forward_block(self.model, self.cache, block)[:, : self.vocab_size]
+        else:
+            logits, feats = forward_block_features(self.model, self.cache, block, self.feature_layers)
+            logits = logits[:, : self.vocab_size]
         if temperature == 0:
             target_next = logits.argmax(dim=-1).tolist()
             accepted = tree.greedy_accept(target_next)
@@ -90,4 +126,6 @@ class TargetVerifier:
             accepted, bonus = sample_walk(tree, lambda v: TorchRow(probs[v]), rng)
         rows = [0, *accepted]
         compact_cache(self.cache, prefix, [prefix + r for r in rows])
+        if self._features is not None:
+            self._features.append(feats[rows])
         return Verdict(accepted=accepted, bonus=bonus, top=top_logps(logits[rows], self.topk, prefix))

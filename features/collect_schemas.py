@@ -8,6 +8,7 @@ from decoder.state import state_feature_names
 from features.tables import TableSpec
 
 SCHEMA_VERSION = "v1"
+ROUNDS_VERSION = "v2"  # v2: prompt_tokens, mid_lag; latency priced with the lag's catch-up
 MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
 
 _KEYS = (("report_id", pa.string()), ("pair_id", pa.string()), ("dataset_id", pa.string()))
@@ -63,14 +64,21 @@ def actions_spec(depth: int) -> TableSpec:
 
 
 def rounds_spec(depth: int) -> TableSpec:
-    """Replay's round-level table: every schedule's outcome from every visited round start."""
+    """Replay's round-level table: every schedule's outcome from every visited round start.
+
+    ``prompt_tokens``: the prompt's own length; ``mid_lag``: committed tokens the mid drafter's
+    cache lacks at this start (collectors.replay.arrival_lag); ``round_latency_ms`` prices the
+    round as execute mode would with that lag (its first mid call also catches up ``mid_lag``).
+    """
     return TableSpec(
         "rounds",
-        f"{SCHEMA_VERSION}-D{depth}",
+        f"{ROUNDS_VERSION}-D{depth}",
         (
             *_KEYS,
             ("prompt_id", pa.int32()),
+            ("prompt_tokens", pa.int32()),
             ("start_position", pa.int32()),
+            ("mid_lag", pa.int32()),
             ("schedule_id", pa.int16()),
             ("accepted", pa.int16()),
             ("verified_nodes", pa.int16()),

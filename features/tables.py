@@ -17,6 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from decoder.files import fsync_dir
+
 VERSION_KEY = b"treegraft_schema"
 
 
@@ -73,15 +75,6 @@ def write_table(path: Path, spec: TableSpec, table: pa.Table) -> None:
 def fsync_file(path: Path) -> None:
     """Flush a written file's data to disk (before it is renamed into place)."""
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (a rename into it) to disk."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
     finally:

@@ -2,22 +2,23 @@
 
 Contract of :func:`cross_fit`: for outer fold f, the model that scores fold f's states trains only
 on the other folds, with fold f's own inputs and targets (``FoldInputs``: e.g. the signal subset
-and the value-system margins that were chosen/fitted without fold f). With ``nested_threshold``,
-fold f's threshold comes from inner out-of-fold scores on its training part (each other fold g
-scored by a model trained without f and g) and the training states' realised regrets through
-models.offline.choose_threshold; otherwise the threshold is 0 (the paper's rule). Nothing of fold
-f is used for its scores or its threshold.
+and the value-system margins that were chosen/fitted without fold f). The scored (evaluation)
+states are the canonical ones; the training rows are those states or, with ``FoldInputs.train``,
+other rows with their own fold ids (round-level states, or both sets stacked). With
+``nested_threshold``, fold f's threshold comes from inner out-of-fold scores on its training part
+(each other fold g scored by a model trained without f and g) through ``choose(scores, train)``
+(e.g. models.offline.choose_threshold_walked on the training reports); otherwise the threshold is
+0 (the paper's rule). Nothing of fold f is used for its scores or its threshold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from config.params import TrainConfig
-from models.offline import choose_threshold
 from models.student import Student, objective
 from models.training import Curve, Standardizer, fit_weighted, predict
 
@@ -29,6 +30,14 @@ class StudentSpec:
     train: TrainConfig
     tolerance_pct: float  # threshold choice: largest t within this many points of the best
     nested_threshold: bool  # False: threshold 0
+
+
+def scaled_epochs(spec: StudentSpec, n_rows: int, reference_rows: int) -> StudentSpec:
+    """``spec`` with epochs scaled so a training set of ``n_rows`` rows gets the optimizer steps that
+    ``reference_rows`` rows get with ``train.epochs`` (at least one epoch): the large round-level
+    set costs what the canonical one does."""
+    epochs = max(1, round(spec.train.epochs * reference_rows / max(n_rows, 1)))
+    return replace(spec, train=replace(spec.train, epochs=epochs))
 
 
 @dataclass(frozen=True)
@@ -60,9 +69,20 @@ def fit_student(z: np.ndarray, margin: np.ndarray, rows: np.ndarray, spec: Stude
 
 
 @dataclass(frozen=True)
+class TrainRows:
+    z: np.ndarray  # (n_rows, d)
+    margin: np.ndarray  # (n_rows,)
+    folds: np.ndarray  # (n_rows,) outer fold ids, the same grouping as the scored states'
+
+
+@dataclass(frozen=True)
 class FoldInputs:
-    z: np.ndarray  # (n_states, d): inputs of this outer fold's models
-    margin: np.ndarray  # (n_states,): training targets of this outer fold's models
+    z: np.ndarray  # (n_states, d): inputs of this outer fold's models on the scored states
+    margin: np.ndarray  # (n_states,): training targets on the scored states
+    train: TrainRows | None = None  # other training rows; None: train on the scored states
+
+    def rows(self, folds: np.ndarray) -> TrainRows:
+        return self.train if self.train is not None else TrainRows(self.z, self.margin, folds)
 
 
 @dataclass(frozen=True)
@@ -71,36 +91,54 @@ class CrossFit:
     thresholds: tuple[float, ...]  # per outer fold
     decisions: np.ndarray  # (n_states,) score > its fold's threshold
     curves: dict[str, Curve]  # outer fits, "fold<f>"
+    models: tuple[FittedStudent, ...] = ()  # outer fits by fold (to score other rows of fold f)
+
+
+Chooser = Callable[[np.ndarray, np.ndarray], float]  # (inner scores, training-state mask) -> t
+
+
+def _fit_without(inputs: FoldInputs, folds: np.ndarray, held: np.ndarray, spec: StudentSpec) -> FittedStudent:
+    """A student on the training rows whose fold is not in ``held`` (fold ids)."""
+    rows = inputs.rows(folds)
+    return fit_student(rows.z, rows.margin, ~np.isin(rows.folds, held), spec)
 
 
 def _inner_threshold(
-    inputs: FoldInputs, folds: np.ndarray, train: np.ndarray, regret: np.ndarray, spec: StudentSpec
+    inputs: FoldInputs, folds: np.ndarray, f: int, choose: Chooser, spec: StudentSpec
 ) -> float:
+    train = folds != f
     inner = np.full(len(folds), np.nan)
     for g in np.unique(folds[train]):
         held = folds == g
-        inner[held] = fit_student(inputs.z, inputs.margin, train & ~held, spec).score(inputs.z[held])
-    return choose_threshold(inner[train], regret[train], spec.tolerance_pct)
+        inner[held] = _fit_without(inputs, folds, np.array([f, g]), spec).score(inputs.z[held])
+    return choose(inner, train)
 
 
 def cross_fit(
-    inputs: Sequence[FoldInputs], folds: np.ndarray, regret: np.ndarray, spec: StudentSpec
+    inputs: Sequence[FoldInputs], folds: np.ndarray, choose: Chooser | None, spec: StudentSpec
 ) -> CrossFit:
     """Out-of-fold scores and decisions over ``folds`` (ids 0..k-1); see the module contract.
 
-    ``regret``: per state, the realised margin / the state's best tok/s (for the thresholds).
+    ``choose``: the threshold rule on inner out-of-fold scores (needed with ``nested_threshold``).
     """
     k = int(folds.max()) + 1
     if len(inputs) != k:
         raise ValueError(f"{len(inputs)} fold inputs for {k} folds")
+    if spec.nested_threshold and choose is None:
+        raise ValueError("a nested threshold needs a threshold rule (choose)")
     scores, decisions = np.empty(len(folds)), np.zeros(len(folds), dtype=bool)
-    thresholds, curves = [], {}
+    thresholds, curves, models = [], {}, []
     for f, inp in enumerate(inputs):
         test = folds == f
-        model = fit_student(inp.z, inp.margin, ~test, spec)
+        model = _fit_without(inp, folds, np.array([f]), spec)
         scores[test] = model.score(inp.z[test])
-        t = _inner_threshold(inp, folds, ~test, regret, spec) if spec.nested_threshold else 0.0
+        t = (
+            _inner_threshold(inp, folds, f, choose, spec)
+            if choose is not None and spec.nested_threshold
+            else 0.0
+        )
         decisions[test] = scores[test] > t
         thresholds.append(t)
         curves[f"fold{f}"] = model.curve
-    return CrossFit(scores, tuple(thresholds), decisions, curves)
+        models.append(model)
+    return CrossFit(scores, tuple(thresholds), decisions, curves, tuple(models))

@@ -101,3 +101,35 @@ def choose_threshold(scores: np.ndarray, regret: np.ndarray, tolerance_pct: floa
     wrong = (scores[None, :] > candidates[:, None]) != (regret[None, :] > 0)
     cost = 100 * (wrong * np.abs(regret)[None, :]).mean(axis=1)
     return float(candidates[cost <= cost.min() + tolerance_pct].max())
+
+
+def walked_pct_of_best(decisions: np.ndarray, replay: Replay, reports: Sequence[str], depth: int) -> float:
+    """Mean over ``reports`` of the walked schedule's realised tok/s as % of the report's best."""
+    pct = []
+    for report in reports:
+        scheds = replay.by_report[report]
+        pct.append(100 * scheds[walk(decisions, replay.index, report, depth)] / max(scheds.values()))
+    return float(np.mean(pct))
+
+
+def choose_threshold_walked(
+    scores: np.ndarray, replay: Replay, reports: Sequence[str], depth: int, tolerance_pct: float
+) -> float:
+    """The threshold t >= 0 (invoke iff score > t) whose walk reaches the best schedules.
+
+    What the offline metric and the decoder pay for is the schedule a walk from the empty prefix
+    reaches, not per-state agreement: a state off every walk costs nothing, and the per-state
+    mean regret (:func:`choose_threshold`) is flat over a wide range of t, so its "largest t
+    within tolerance" slides to all-skip. Here each candidate (0 and every positive score of the
+    given reports' states: each gives a distinct walk) is scored by the mean walked % of best over
+    ``reports``; among those within ``tolerance_pct`` points of the best, the largest t (when
+    unsure, skip). ``scores`` must be finite on every state of ``reports``.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    rows = [i for (r, _, _), i in replay.index.items() if r in set(reports)]
+    own = scores[rows]
+    if not np.isfinite(own).all():
+        raise ValueError("choose_threshold_walked: some state of the given reports has no score")
+    candidates = np.unique(np.concatenate([[0.0], own[own > 0]]))
+    pct = np.array([walked_pct_of_best(scores > t, replay, reports, depth) for t in candidates])
+    return float(candidates[pct >= pct.max() - tolerance_pct].max())

@@ -4,8 +4,10 @@ Contract: :func:`train_zoo` reads the corpus written by the data stage (``<data>
 trains one BPE tokenizer, every target (LM training, from scratch or from another zoo model) and
 then every mid drafter (distilled from its ``teacher`` target), each on its ``corpus`` files, and
 writes ``<out>/<model>/`` with ``save_pretrained`` (safetensors) plus the same tokenizer files in
-each folder, and ``<out>/zoo.json`` with sizes, losses and timings. Deterministic given
-``zoo.seed`` and ``train.threads``.
+each folder. Then every block drafter (models/block_training.py) trains on its frozen target and
+is written to ``<out>/<name>/`` (decoder/block_drafter.py's files; it loads onto that target).
+``<out>/zoo.json`` holds sizes, losses and timings (block drafters under ``block_drafters``, with
+per-position top-1 agreement). Deterministic given ``zoo.seed`` and ``train.threads``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from config.params import ModelSpec, ZooParams
+from decoder.block_drafter import save_block_drafter
 from decoder.templates import get_template
+from models.block_training import fit_block_drafter
 from models.lm_training import (
     build_model,
     greedy_continuations,
@@ -175,11 +179,42 @@ class _Corpora:
         return self.prompts[key]
 
 
+def check_block_targets(zoo: ZooParams) -> None:
+    """Every block drafter names a zoo target (not a mid drafter) and no model's folder."""
+    for name, spec in zoo.block_drafters.items():
+        if name in zoo.models:
+            raise ValueError(f"zoo.block_drafters.{name}: the name is taken by a zoo model")
+        if spec.target not in zoo.models or zoo.models[spec.target].teacher:
+            targets = sorted(n for n, s in zoo.models.items() if not s.teacher)
+            raise ValueError(
+                f"zoo.block_drafters.{name}.target: {spec.target!r} is not a zoo target; have {targets}"
+            )
+
+
+def _train_blocks(
+    zoo: ZooParams, corpora: _Corpora, trained: dict[str, PreTrainedModel], out_dir: Path
+) -> dict:
+    infos = {}
+    for i, name in enumerate(sorted(zoo.block_drafters)):
+        spec = zoo.block_drafters[name]
+        generator = trained[cheapest_equivalent(zoo.models, spec.target)]  # same function, cheaper
+        prompts, tokens = corpora.prompts_of(spec.corpus), corpora.tokens_of(spec.corpus)
+        seed = zoo.seed * 1000 + 500 + i
+        net, info = fit_block_drafter(spec, trained[spec.target], generator, prompts, tokens, zoo.train, seed)
+        save_block_drafter(net, out_dir / name, extra={"target": spec.target})
+        log.info("block drafter %s: %.1f s, held-out top-1 %s", name, info["seconds"],
+                 [round(a, 3) for a in info["held_out_top1"]])  # fmt: skip
+        infos[name] = info | {"corpus": list(spec.corpus)}
+    return infos
+
+
 def train_zoo(zoo: ZooParams, data_dir: Path, out_dir: Path) -> dict:
-    """Train tokenizer, targets, then mids; write everything under ``out_dir``; return manifest."""
+    """Train tokenizer, targets, mids, then block drafters; write everything under ``out_dir``;
+    return the manifest."""
     torch.set_num_threads(zoo.train.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     order = training_order(zoo.models)
+    check_block_targets(zoo)
     t_start = time.perf_counter()
     docs = read_corpus(data_dir, zoo.tokenizer.max_chars, zoo.seed)
     tok = train_tokenizer(docs, zoo.tokenizer.vocab_size, zoo.tokenizer.min_frequency, zoo.template)
@@ -207,6 +242,7 @@ def train_zoo(zoo: ZooParams, data_dir: Path, out_dir: Path) -> dict:
         info |= {"params": param_count(model), "teacher": spec.teacher, "corpus": list(spec.corpus),
                  "tokenizer_sha256": tokenizer_digest(path)}  # fmt: skip
         manifest["models"][name] = info
+    manifest["block_drafters"] = _train_blocks(zoo, corpora, trained, out_dir)
     manifest["total_s"] = time.perf_counter() - t_start
     (out_dir / "zoo.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log.info("zoo trained in %.1f s", manifest["total_s"])

@@ -4,7 +4,9 @@ Writes ``collect.out_dir/reports/<report_id>/`` (atomic per report, with its res
 manifest; a rerun reuses a finished report only if everything that shapes it is unchanged, and
 recollects a mismatched or corrupt one with a warning naming the file), then the merged
 ``trajectories.parquet``, ``actions.parquet``, ``rounds.parquet`` (reports in plan order),
-``summary.md`` (best schedule per report vs All-Small and All-Mid) and ``metrics.json``.
+``summary.md`` (best schedule per report vs All-Small and All-Mid) and ``metrics.json``. The local
+backend collects in ``collect.workers`` processes (collectors/pool.py), each report written by the
+worker that collected it; the tables are byte for byte those of one process.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from collectors.plan import plan_reports, run_report
-from collectors.report import completed_reports, read_report, remove_stale_temps, specs_for
+from collectors.pool import Task, run_tasks
+from collectors.report import (
+    ReportSpec,
+    completed_reports,
+    read_report,
+    remove_stale_temps,
+    specs_for,
+)
 from collectors.summary import summarise
 from config.params import Params, resolve
 from features.tables import write_table
@@ -53,9 +62,8 @@ def collect(params: Params) -> dict:
         from collectors.ray_backend import run_on_ray
 
         run_on_ray(params, todo, plan.reports_dir, inputs=plan.inputs)
-    else:
-        for spec in tqdm(todo, desc="reports", unit="report"):
-            run_report(params, spec, plan.reports_dir, inputs=plan.inputs[spec.report_id])
+    elif todo:
+        run_local(params, todo, plan.reports_dir, plan.inputs)
     out = resolve(params.collect.out_dir)
     merged = merge_reports(out, plan.reports_dir, plan.inputs, depth)
     summary, metrics = summarise(merged["trajectories"], merged["rounds"])
@@ -63,6 +71,17 @@ def collect(params: Params) -> dict:
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(summary)
     return metrics
+
+
+def run_local(
+    params: Params, todo: list[ReportSpec], reports_dir: Path, inputs: Mapping[str, Mapping[str, object]]
+) -> None:
+    """The local backend: ``collect.workers`` processes (1: this one), each report written atomically
+    by whoever collects it, in plan order."""
+    workers = params.collect.workers
+    tasks = [Task(s.report_id, (params, s, reports_dir, workers <= 1, inputs[s.report_id])) for s in todo]
+    with tqdm(total=len(tasks), desc="reports", unit="report") as bar:
+        run_tasks(run_report, tasks, workers, params.runtime.torch_threads, lambda t, r: bar.update())
 
 
 def merge_reports(

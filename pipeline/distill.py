@@ -4,13 +4,25 @@ Targets: ``distill.margin_source`` value (the paper: value-system margins) or or
 ``distill.relative`` the margin is divided by the state's best realised tokens/s (a positive
 per-state scale, so signs are kept and fast and slow reports weigh alike). Objective
 ``distill.loss`` (models/student.py) and a decision threshold chosen inside each outer fold's
-training part (models/cross_fit.py; "when unsure, skip": t >= 0). Out of fold, the student for
-held-out fold f uses the signal subset chosen without fold f and margins from the value model
-that did not see fold f either, so nothing of fold f leaks. Offline rows (all out of fold unless
-named otherwise): the student; the paper's MSE student with threshold 0; a size-0 student
-(context + history only); a leave-one-pair-out student (its targets are the oracle margins of the
-other pairs' trajectories: no value model is fitted without each pair); the value planner; the
-fixed schedules; ``student_in_sample`` (the exported student on the states it trained on).
+training part (models/cross_fit.py; "when unsure, skip": t >= 0) by ``distill.threshold_rule``:
+walked (models.offline.choose_threshold_walked: the walked % of best on the training reports) or
+state (the mean per-state regret, the earlier rule). Out of fold, the student for held-out fold f
+uses the signal subset chosen without fold f and margins from the value model that did not see
+fold f either, so nothing of fold f leaks.
+
+Training states (``distill.train_set``): canonical (trajectory means, targets as above), rounds
+(features/round_states.py: one state per round-table start and prefix, the round's own signals,
+the prompt's own length; targets: the round's realised margin by suffix search, relative as
+above; epochs scaled to the canonical set's optimizer steps) or both stacked. Every set is scored
+on the canonical states with the same outer folds; ``auto`` fits all three and exports the one
+with the best out-of-fold walked % of best (ties: the earlier of canonical, rounds, both). The
+offline table says which won and by how much, with each set's walk over the round-table starts.
+
+Offline rows (all out of fold unless named otherwise): the student (the exported training
+states); with ``auto`` each set's student; the paper's MSE student with threshold 0; a size-0
+student (context + history only); a leave-one-pair-out student (its targets are the oracle margins
+of the other pairs' trajectories: no value model is fitted without each pair); the value planner;
+the fixed schedules; ``student_in_sample`` (the exported student on the states it trained on).
 Following a policy from the empty prefix reaches a schedule whose realised tokens/s is read from
 ``trajectories.parquet``. Writes ``distill.out_dir/`` student.{json,safetensors} (the manifest
 carries ``threshold``: invoke iff output > threshold), offline.csv, offline.md, curves.csv and
@@ -25,21 +37,41 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import polars as pl
 import pyarrow as pa
 
 from collectors.plots import new_figure
 from config.params import Params, resolve
 from decoder.scheduler import build_manifest, write_artifact
 from decoder.state import state_feature_names
-from features.collect_schemas import TRAJECTORIES
+from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.datasets import column, state_matrix
 from features.folds import fold_rows
+from features.round_states import feature_matrix, report_context, round_states, round_walk_pct
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
-from models.cross_fit import CrossFit, FittedStudent, FoldInputs, StudentSpec, cross_fit, fit_student
+from models.cross_fit import (
+    Chooser,
+    CrossFit,
+    FittedStudent,
+    FoldInputs,
+    StudentSpec,
+    TrainRows,
+    cross_fit,
+    fit_student,
+    scaled_epochs,
+)
 from models.mlp import count_parameters, mlp_arrays
-from models.offline import PolicyResult, Replay, evaluate, summary
-from models.student import HEAD, student_param_count
+from models.offline import (
+    PolicyResult,
+    Replay,
+    choose_threshold,
+    choose_threshold_walked,
+    evaluate,
+    summary,
+    walked_pct_of_best,
+)
+from models.student import HEAD, LOSSES, student_param_count
 from models.training import Curve
 from pipeline.cli import run_stage
 from pipeline.select_signals import read_fold_signals, read_signals
@@ -57,7 +89,10 @@ log = logging.getLogger(__name__)
 FIXED = ("all_small", "all_mid", "fixed_10101")
 LABELS = {
     "best": "best enumerated schedule",
-    "student_oof": "student",
+    "student_oof": "student (exported training states)",
+    "student_canonical_oof": "student, canonical states",
+    "student_rounds_oof": "student, round-level states",
+    "student_both_oof": "student, canonical + round-level states",
     "student_mse_oof": "student, MSE + threshold 0 (the paper's)",
     "student_size0_oof": "student, size 0 (no tree signals)",
     "student_lopo": "student, leave-one-pair-out",
@@ -101,42 +136,154 @@ def _replay(states: pa.Table, trajectories: pa.Table) -> Replay:
     return Replay.build(index, throughput)
 
 
+TRAIN_SETS = ("canonical", "rounds", "both")
+LOSS_CHOICES = ("auto", *LOSSES)
+
+
 @dataclass(frozen=True)
 class Students:
     fits: dict[str, CrossFit]  # out-of-fold rows
     final: FittedStudent
     threshold: float  # of the exported student: the median of the outer folds' nested thresholds
+    train_set: str  # the exported student's training states
+    by_set: dict[str, CrossFit]  # train set -> its out-of-fold fit (student_oof is the exported one's)
+    loss: str  # the exported student's loss (distill.loss, or auto's choice)
 
 
-def _students(params: Params, states: pa.Table, tg: Targets, regret: np.ndarray) -> Students:
+@dataclass(frozen=True)
+class RoundSet:
+    """The round-level training states (features/round_states.py) and their targets."""
+
+    frame: pl.DataFrame
+    margin: np.ndarray  # relative or tok/s, as distill.relative says for the canonical targets
+    folds: np.ndarray
+
+    def z(self, depth: int, signals: tuple[str, ...]) -> np.ndarray:
+        return feature_matrix(self.frame, state_feature_names(depth, signals))
+
+
+def read_round_set(params: Params, states: pa.Table) -> RoundSet:
+    depth = params.tree.depth
+    rounds = read_table(resolve(params.collect.out_dir) / "rounds.parquet", rounds_spec(depth))
+    actions = read_table(resolve(params.collect.out_dir) / "actions.parquet", actions_spec(depth))
+    frame = round_states(rounds, report_context(actions, states), depth)
+    margin = frame["margin_relative" if params.distill.relative else "margin_tok_per_s"].to_numpy()
+    return RoundSet(frame, margin.astype(np.float64), frame["fold_id"].to_numpy().astype(np.int64))
+
+
+def _train_sets(choice: str) -> tuple[str, ...]:
+    if choice == "auto":
+        return TRAIN_SETS
+    if choice not in TRAIN_SETS:
+        raise ValueError(f"distill.train_set must be 'auto' or one of {TRAIN_SETS}, got {choice!r}")
+    return (choice,)
+
+
+def _set_inputs(
+    name: str,
+    z: np.ndarray,
+    margin: np.ndarray,
+    folds: np.ndarray,
+    rs: RoundSet | None,
+    zr: np.ndarray | None,
+) -> FoldInputs:
+    """Scored: the canonical states z; trained on: canonical, round-level or both stacked."""
+    if name == "canonical":
+        return FoldInputs(z, margin)
+    assert rs is not None and zr is not None
+    if name == "rounds":
+        return FoldInputs(z, margin, TrainRows(zr, rs.margin, rs.folds))
+    return FoldInputs(
+        z,
+        margin,
+        TrainRows(np.vstack([z, zr]), np.concatenate([margin, rs.margin]), np.concatenate([folds, rs.folds])),
+    )
+
+
+def _chooser(params: Params, states: pa.Table, replay: Replay, regret: np.ndarray) -> Chooser:
     cfg, depth = params.distill, params.tree.depth
-    spec = StudentSpec(cfg.loss, cfg.hidden, cfg.train, cfg.skip_tolerance_pct, nested_threshold=True)
+    reports = column(states, "report_id")
+    if cfg.threshold_rule == "state":
+        return lambda scores, train: choose_threshold(scores[train], regret[train], cfg.skip_tolerance_pct)
+    if cfg.threshold_rule != "walked":
+        raise ValueError(f"distill.threshold_rule must be 'walked' or 'state', got {cfg.threshold_rule!r}")
+    return lambda scores, train: choose_threshold_walked(
+        scores, replay, sorted(set(reports[train])), depth, cfg.skip_tolerance_pct
+    )
+
+
+def _students(
+    params: Params, states: pa.Table, tg: Targets, regret: np.ndarray, replay: Replay, rs: RoundSet | None
+) -> Students:
+    cfg, depth = params.distill, params.tree.depth
+    if cfg.loss not in LOSS_CHOICES:
+        raise ValueError(f"distill.loss must be one of {LOSS_CHOICES}, got {cfg.loss!r}")
+    loss = "weighted_logistic" if cfg.loss == "auto" else cfg.loss
+    spec = StudentSpec(loss, cfg.hidden, cfg.train, cfg.skip_tolerance_pct, nested_threshold=True)
+    choose = _chooser(params, states, replay, regret)
 
     def z_of(signals: tuple[str, ...]) -> np.ndarray:
         return state_matrix(states, state_feature_names(depth, signals))
 
     folds = fold_rows(states, "report")
-    per_fold = [
-        FoldInputs(z_of(s), tg.by_fold[:, f]) for f, s in enumerate(read_fold_signals(params, "report"))
-    ]
+    fold_signals = read_fold_signals(params, "report")
+    per_fold = [FoldInputs(z_of(s), tg.by_fold[:, f]) for f, s in enumerate(fold_signals)]
     size0 = [FoldInputs(z_of(()), tg.by_fold[:, f]) for f in range(len(per_fold))]
-    fits = {
-        "student_oof": cross_fit(per_fold, folds, regret, spec),
-        "student_mse_oof": cross_fit(
-            per_fold, folds, regret, replace(spec, loss="mse", nested_threshold=False)
-        ),
-        "student_size0_oof": cross_fit(size0, folds, regret, spec),
-    }
+    by_set = {}
+    for name in _train_sets(cfg.train_set):
+        inputs = [
+            _set_inputs(name, p.z, p.margin, folds, rs, None if rs is None else rs.z(depth, s))
+            for p, s in zip(per_fold, fold_signals, strict=True)
+        ]
+        set_spec = scaled_epochs(spec, len(inputs[0].rows(folds).folds), len(folds))
+        by_set[name] = cross_fit(inputs, folds, choose, set_spec)
+    winner = max(by_set, key=lambda n: (_walked(by_set[n].decisions, replay, depth), -TRAIN_SETS.index(n)))
+    mse_spec = replace(spec, loss="mse", nested_threshold=False)
+    mse = cross_fit(per_fold, folds, None, mse_spec)
+    # auto: the paper's MSE student (canonical states, threshold 0) is exported when its walked OOF
+    # result beats the thresholded one's; chosen on the same OOF rows it reports, so optimistic.
+    export_mse = cfg.loss == "auto" and _walked(mse.decisions, replay, depth) > _walked(
+        by_set[winner].decisions, replay, depth
+    )
+    fits = {"student_oof": mse if export_mse else by_set[winner]}
+    fits.update({f"student_{n}_oof": f for n, f in by_set.items() if len(by_set) > 1 or export_mse})
+    fits["student_mse_oof"] = mse
+    fits["student_size0_oof"] = cross_fit(size0, folds, choose, spec)
     pair_signals = _pair_signals(params)
     if pair_signals:
         lopo = [FoldInputs(z_of(s), tg.oracle) for s in pair_signals]
-        fits["student_lopo"] = cross_fit(lopo, fold_rows(states, "pair"), regret, spec)
-    z = z_of(read_signals(params))
-    final = fit_student(z, tg.final, np.ones(len(z), dtype=bool), spec)
+        fits["student_lopo"] = cross_fit(lopo, fold_rows(states, "pair"), choose, spec)
+    signals = read_signals(params)
+    if export_mse:
+        final = fit_student(z_of(signals), tg.final, np.ones(len(folds), dtype=bool), mse_spec)
+        return Students(fits, final, 0.0, "canonical", by_set, "mse")
+    final_in = _set_inputs(
+        winner, z_of(signals), tg.final, folds, rs, None if rs is None else rs.z(depth, signals)
+    )
+    rows = final_in.rows(folds)
+    final_spec = scaled_epochs(spec, len(rows.folds), len(folds))
+    final = fit_student(rows.z, rows.margin, np.ones(len(rows.folds), dtype=bool), final_spec)
     # Each fold's threshold was chosen by the same procedure on 1 - 1/k of the reports: their median
     # is that procedure's choice. Re-choosing on the pooled OOF scores would mix k models' scales
     # (on synthetic data the largest near-best t there was 3x the folds' own).
-    return Students(fits, final, float(np.median(fits["student_oof"].thresholds)))
+    return Students(fits, final, float(np.median(by_set[winner].thresholds)), winner, by_set, loss)
+
+
+def _walked(decisions: np.ndarray, replay: Replay, depth: int) -> float:
+    return walked_pct_of_best(decisions, replay, sorted(replay.by_report), depth)
+
+
+def _round_walk(fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]) -> float:
+    """The out-of-fold fit's outer models on each round-table start of their held-out fold: walk
+    the round's states from the empty prefix (decision: score > that fold's threshold) and take the
+    reached schedule's round value / the round's best; mean over starts per report, then reports."""
+    frame = rs.frame
+    scores = np.full(frame.height, np.nan)
+    for f, (model, signals) in enumerate(zip(fit.models, fold_signals, strict=True)):
+        held = rs.folds == f
+        scores[held] = model.score(rs.z(depth, signals)[held])
+    invoke = scores > np.array(fit.thresholds)[rs.folds]
+    return round_walk_pct(frame.with_columns(pl.Series("is_invoke", invoke)), depth)
 
 
 def _pair_signals(params: Params) -> list[tuple[str, ...]]:
@@ -157,9 +304,10 @@ def main(params: Params) -> dict:
     z = state_matrix(states, names)
     tg = targets(margins, cfg.margin_source, cfg.relative)
     replay = _replay(states, trajectories)
+    rs = read_round_set(params, states) if _train_sets(cfg.train_set) != ("canonical",) else None
     with stage_run("distill", params):
         regret = targets(margins, "oracle", relative=True).oracle
-        st = _students(params, states, tg, regret)
+        st = _students(params, states, tg, regret, replay, rs)
         n_params = count_parameters(st.final.module)
         if n_params != student_param_count(z.shape[1], cfg.hidden):
             raise RuntimeError(
@@ -175,7 +323,8 @@ def main(params: Params) -> dict:
         metrics = {
             "n_params": n_params,
             "n_states": len(z),
-            "loss": cfg.loss,
+            "loss": st.loss,
+            "loss_param": cfg.loss,
             "threshold": st.threshold,
             "fold_thresholds": {n: list(f.thresholds) for n, f in st.fits.items()},
             "oof_invoke_share": float(np.mean(oof.decisions)),
@@ -184,19 +333,20 @@ def main(params: Params) -> dict:
             "state_regret_pct": _state_regret(decisions, regret),
             "offline": summary(results),
             "vs_better_endpoint": _vs_endpoint(results),
+            "train_set": _train_set_metrics(st, results, rs, depth, read_fold_signals(params, "report")),
         }
         extra = {
             "signals": list(signals),
             "threshold": st.threshold,
             "margin_source": cfg.margin_source,
-            "margin_units": _units(cfg.loss, cfg.relative),
-            "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({cfg.loss})",
+            "margin_units": _units(st.loss, cfg.relative),
+            "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({st.loss})",
             "training_data_sha256": file_sha256(resolve(params.collect.out_dir) / "actions.parquet"),
             "git_revision": git_revision(),
             "metrics": metrics,
         }
         _save(out, st.final, params, names, extra)
-        table = _write_offline(out, results)
+        table = _write_offline(out, results, metrics["train_set"])
         curves = {f"{n}/{c}": v for n, f in st.fits.items() for c, v in f.curves.items()}
         curves["final"] = st.final.curve
         write_csv(
@@ -213,6 +363,37 @@ def main(params: Params) -> dict:
         _plot(results, curves)
     log.info("offline table:\n%s", table)
     return metrics
+
+
+def _train_set_metrics(
+    st: Students,
+    results: dict[str, dict[str, PolicyResult]],
+    rs: RoundSet | None,
+    depth: int,
+    fold_signals: list[tuple[str, ...]],
+) -> dict:
+    """Which training states won (out of fold, walked % of best on canonical states) and by how
+    much; with round states, also each set's walk over the round-table starts (% of round best)."""
+    summ = summary(results)
+    name = {n: (f"student_{n}_oof" if f"student_{n}_oof" in summ else "student_oof") for n in st.by_set}
+    pct = {n: summ[name[n]]["mean_pct_of_best"] for n in st.by_set}
+    ranked = sorted(pct, key=pct.get, reverse=True)  # type: ignore[arg-type]
+    out = {
+        "winner": st.train_set,
+        "exported_loss": st.loss,
+        "oof_pct_of_best": pct,
+        "fold_thresholds": {n: list(f.thresholds) for n, f in st.by_set.items()},
+        "oof_invoke_share": {n: float(np.mean(f.decisions)) for n, f in st.by_set.items()},
+        "margin_over_runner_up_pct": float(pct[ranked[0]] - pct[ranked[1]]) if len(ranked) > 1 else None,
+        "n_round_states": 0 if rs is None else rs.frame.height,
+    }
+    if rs is not None:
+        out["round_walk_pct_of_round_best"] = {
+            n: _round_walk(f, rs, depth, fold_signals) for n, f in st.by_set.items()
+        }
+        always = rs.frame.with_columns(pl.lit(False).alias("is_invoke"))
+        out["round_walk_pct_of_round_best"]["all_small"] = round_walk_pct(always, depth)
+    return out
 
 
 def _state_regret(decisions: dict[str, np.ndarray], regret: np.ndarray) -> dict[str, float]:
@@ -271,7 +452,32 @@ def _save(out: Path, student: FittedStudent, params: Params, names: tuple[str, .
     write_artifact(out / "student", manifest, mlp_arrays(HEAD, student.module.net))
 
 
-def _write_offline(out: Path, results: dict[str, dict[str, PolicyResult]]) -> str:
+def _train_set_lines(ts: dict) -> list[str]:
+    lines = [
+        "",
+        f"Training states (out of fold, same folds; exported: **{ts['winner']}**, loss "
+        f"{ts.get('exported_loss', '')}"
+        + (
+            f", ahead of the runner-up by {ts['margin_over_runner_up_pct']:.2f} points):"
+            if ts["margin_over_runner_up_pct"] is not None
+            else "):"
+        ),
+        "",
+        "| training states | % of best (walked, canonical states) | % of round best (walked, round starts) "
+        "| invoke share | fold thresholds |",
+        "|---|---|---|---|---|",
+    ]
+    walks = ts.get("round_walk_pct_of_round_best", {})
+    for n, pct in ts["oof_pct_of_best"].items():
+        walk = f"{walks[n]:.1f}%" if n in walks else ""
+        thr = ", ".join(f"{t:.2f}" for t in ts["fold_thresholds"][n])
+        lines.append(f"| {n} | {pct:.1f}% | {walk} | {100 * ts['oof_invoke_share'][n]:.1f}% | {thr} |")
+    if "all_small" in walks:
+        lines.append(f"| All-Small (reference) | | {walks['all_small']:.1f}% | 0.0% | |")
+    return lines
+
+
+def _write_offline(out: Path, results: dict[str, dict[str, PolicyResult]], train_set: dict) -> str:
     policies = [p for p in LABELS if p in next(iter(results.values()))]
     write_csv(
         out / "offline.csv",
@@ -287,6 +493,7 @@ def _write_offline(out: Path, results: dict[str, dict[str, PolicyResult]]) -> st
         lines.append(
             f"| {LABELS[p]} | {summ[p]['mean_tok_per_s']:.2f} | {summ[p]['mean_pct_of_best']:.1f}% | {gap} |"
         )
+    lines += _train_set_lines(train_set)
     lines += ["", "| report | " + " | ".join(LABELS[p] for p in policies) + " |"]
     lines.append("|" + "---|" * (len(policies) + 1))
     for report, row in results.items():

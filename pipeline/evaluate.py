@@ -3,14 +3,16 @@
 Per (pair, dataset) cell, the primary metric is the priced speedup over autoregressive decoding:
 All-Small, All-Mid, 10101, the best fixed schedule in hindsight, the value planner and the exported
 student, every one replayed exactly on ``evaluate.prompts_per_cell`` prompts and priced with the
-pair's latency profile (collectors/priced_eval.py), with a bootstrap 95% interval over prompts. As
-the check, the first ``wall_prompts_per_cell`` prompts are also decoded for real by
-``wall_methods`` and autoregressive decoding, side by side with identical warm-up (wall clock, with
-a bootstrap interval); any output that differs from autoregressive decoding fails the stage.
-Held-out pairs (never collected) and tasks (never fitted) are marked. Ablations under the fixed
-schedule (full, no extended grafting, overwrite grafting, sequential cascade) are decoded for real
-with the mechanism statistics. Writes under evaluate.out_dir: results.json, table.md,
-ablations.md, metrics.json, plots (PNG + CSV for `dvc plots`) and Spec-Bench answer files.
+pair's latency profile (collectors/priced_eval.py), with a bootstrap 95% interval over prompts.
+This part runs in ``evaluate.workers`` processes, cells sharing a target computing its work once
+(collectors/priced_tasks.py). As the check, afterwards and with no worker alive, the first
+``wall_prompts_per_cell`` prompts are also decoded for real by ``wall_methods`` and autoregressive
+decoding, side by side with identical warm-up (wall clock, with a bootstrap interval); any output
+that differs from autoregressive decoding fails the stage. Held-out pairs (never collected) and
+tasks (never fitted) are marked. Ablations under the fixed schedule (full, no extended grafting,
+overwrite grafting, sequential cascade) are decoded for real with the mechanism statistics. Writes
+under evaluate.out_dir: results.json, table.md, ablations.md, metrics.json, plots (PNG + CSV for
+`dvc plots`) and Spec-Bench answer files.
 """
 
 from __future__ import annotations
@@ -33,12 +35,11 @@ from collectors.eval_report import (
     wall_table,
 )
 from collectors.evaluation import evaluate_cell
-from collectors.plan import load_registered_pair, profile_for, report_questions, tree_config
-from collectors.priced_eval import bootstrap_speedup, priced_cell
-from collectors.records import runtime_for
-from collectors.report import ReportSpec
+from collectors.plan import load_registered_pair, tree_config
+from collectors.priced_eval import bootstrap_speedup
+from collectors.priced_tasks import cell_inputs, decode_config, priced_cells
 from config.params import Params, resolve
-from decoder.config import DecodeConfig, Grafting
+from decoder.config import Grafting, TreeConfig
 from decoder.measure import Method
 from decoder.policies import AR
 from decoder.scheduler import load_scheduler, load_value_planner
@@ -46,15 +47,6 @@ from pipeline.cli import apply_runtime, run_stage
 from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)
-
-
-def _cell_inputs(params: Params, pair_id: str, dataset: str, pair, n_prompts: int):
-    cfg = params.evaluate
-    spec = ReportSpec(pair_id, dataset, cfg.prompt_start, cfg.prompt_start + n_prompts)
-    questions, prompts = report_questions(params, spec, pair.tokenizer)
-    profile = profile_for(params, pair_id)
-    runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), tree_config(params.tree))
-    return questions, prompts, profile, runtime
 
 
 def learned_policies(params: Params) -> dict[str, object]:
@@ -117,25 +109,29 @@ def _wall_rows(params: Params, pair, questions, prompts, methods, config, runtim
 
 
 def _evaluate_cells(params: Params, cells: list[tuple[str, str]], out: Path) -> list[dict]:
+    """Every cell's priced rows (in ``evaluate.workers`` processes), then, with no worker alive, the
+    wall-clock rows cell by cell in this process."""
     cfg = params.evaluate
-    config = DecodeConfig(cfg.max_new_tokens, 0.0, params.collect.seed, tree_config(params.tree))
     policies = learned_policies(params)
+    with tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (priced replay)", unit="prompt") as bar:
+        priced_by_cell = priced_cells(params, cells, policies, FIXED_METHODS, bar.update)
     rows = []
-    bar = tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (priced replay)", unit="prompt")
-    for pair_id, dataset in cells:
+    for pair_id, dataset in tqdm(cells, desc="evaluate (wall clock)", unit="cell"):
         pair = load_registered_pair(params, pair_id)
-        questions, prompts, profile, runtime = _cell_inputs(
+        questions, prompts, profile, runtime = cell_inputs(
             params, pair_id, dataset, pair, cfg.prompts_per_cell
         )
-        priced = priced_cell(pair, prompts, config, profile, runtime, policies, FIXED_METHODS, bar.update)
+        config = decode_config(params, pair_id)
+        priced = priced_by_cell[(pair_id, dataset)]
         log.info("%s %s: best fixed schedule in hindsight %s", pair_id, dataset, priced.best_fixed)
         by_method = _priced_rows(priced, cfg.bootstrap)
         n_wall = cfg.wall_prompts_per_cell
         named = {**FIXED_METHODS, "best-fixed": priced.best_fixed}
         wall_methods = [Method(m, policies[m] if m in policies else named[m]) for m in cfg.wall_methods]
         wall, answers = _wall_rows(
-            params, pair, questions[:n_wall], prompts[:n_wall], wall_methods, config, runtime, profile
-        )
+            params, pair, questions[:n_wall], prompts[:n_wall], wall_methods, config, runtime[:n_wall],
+            profile,
+        )  # fmt: skip
         for name, w in wall.items():
             keep = by_method.get(name, {})
             by_method[name] = {
@@ -155,12 +151,11 @@ def _evaluate_cells(params: Params, cells: list[tuple[str, str]], out: Path) -> 
             path = out / "specbench" / method / f"{pair_id}__{dataset}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(a) + "\n" for a in records))
-    bar.close()
     return rows
 
 
-def ablation_methods(params: Params) -> list[Method]:
-    tree, schedule = tree_config(params.tree), params.evaluate.ablation.schedule
+def ablation_methods(params: Params, tree: TreeConfig) -> list[Method]:
+    schedule = params.evaluate.ablation.schedule
     return [
         Method("full", schedule, tree),
         Method("no-eg", schedule, replace(tree, extended_grafting=False)),
@@ -171,14 +166,15 @@ def ablation_methods(params: Params) -> list[Method]:
 
 def _ablation_cells(params: Params, cells: list[tuple[str, str]]) -> list[dict]:
     cfg = params.evaluate
-    config = DecodeConfig(cfg.max_new_tokens, 0.0, params.collect.seed, tree_config(params.tree))
     rows = []
     for pair_id, dataset in tqdm(cells, desc="ablations", unit="cell"):
         pair = load_registered_pair(params, pair_id)
-        questions, prompts, profile, runtime = _cell_inputs(
+        questions, prompts, profile, runtime = cell_inputs(
             params, pair_id, dataset, pair, cfg.wall_prompts_per_cell
         )
-        cell = evaluate_cell(pair, questions, prompts, ablation_methods(params), config, runtime, profile)
+        config = decode_config(params, pair_id)
+        methods = ablation_methods(params, config.tree)
+        cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, profile)
         for row in cell.rows:
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
                        is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
@@ -192,6 +188,8 @@ def main(params: Params) -> dict:
     unknown = [p for p in (*cfg.pairs, *cfg.ablation.pairs) if p not in params.pairs]
     if unknown:
         raise ValueError(f"evaluate: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}")
+    if cfg.workers < 1:
+        raise ValueError(f"evaluate.workers must be >= 1 (1: in this process), got {cfg.workers}")
     out = resolve(cfg.out_dir)
     depth = params.tree.depth
     with stage_run("evaluate", params):

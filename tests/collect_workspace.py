@@ -53,6 +53,8 @@ def collect_overrides(root: Path, **collect) -> dict:
         "pairs": {"tiny": {"target": str(root / "pair/target"), "mid": str(root / "pair/mid"),
                            "dtype": "float32", "device": "cpu", "template": "zoo"}},
         "profile": {"pairs": ["tiny"], "out_dir": str(root / "profile"), "sizes": [1, 16, 64, 160]},
+        # every pair at tree.budget unless a test measures budgets (tests/test_budget_stage.py)
+        "budget": {"mode": "fixed", "out_dir": str(root / "budget")},
         "collect": {"out_dir": str(root / collect.pop("name", "out")), "pairs": ["tiny"],
                     "datasets": ["code", "chat"], "prompts_per_report": 2, "max_new_tokens": 12,
                     **collect},

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from synthetic_rounds import synthetic_rounds
 
 from decoder.policies import schedule_bits
 from decoder.state import CONTEXT_NAMES, SIGNAL_NAMES, history_features, history_names
-from features.collect_schemas import TRAJECTORIES, actions_spec
+from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.tables import to_table, write_table
 
 
@@ -137,7 +138,10 @@ def synthetic_tables(
 def write_synthetic_collect(
     out_dir: Path, n_reports: int = 6, depth: int = 5, seed: int = 0, planted: str | None = None
 ) -> None:
-    """actions.parquet and trajectories.parquet under out_dir, as the collect stage writes them."""
+    """actions, trajectories and rounds .parquet under out_dir, as the collect stage writes them."""
     actions, trajectories = synthetic_tables(n_reports, depth, seed, planted)
     write_table(out_dir / "actions.parquet", actions_spec(depth), actions)
     write_table(out_dir / "trajectories.parquet", TRAJECTORIES, trajectories)
+    write_table(
+        out_dir / "rounds.parquet", rounds_spec(depth), synthetic_rounds(actions, trajectories, depth, seed)
+    )

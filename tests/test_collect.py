@@ -92,6 +92,17 @@ def test_collect_stage_rows_summary_and_second_run_resumes(finished):
     assert rounds.num_rows % 32 == 0 and rounds.num_rows > 0
     assert sorted(set(traj.column("schedule_id").to_pylist())) == list(range(32))
     assert sum(rounds.column("is_round_best").to_pylist()) == rounds.num_rows // 32
+    import polars as pl
+
+    firsts = (
+        pl.from_arrow(rounds.select(["report_id", "prompt_id", "prompt_tokens", "start_position", "mid_lag"]))
+        .sort("start_position")
+        .group_by("report_id", "prompt_id")
+        .first()
+    )
+    # a prompt's first round starts after the prompt, with nothing in the mid drafter's cache yet
+    assert (firsts["start_position"] == firsts["prompt_tokens"]).all()
+    assert (firsts["mid_lag"] == firsts["prompt_tokens"] - 1).all()
     assert metrics["n_reports"] == 2 and (out / "summary.md").read_text().count("| tiny__") == 2
     stamps = report_stamps(params)
     before = merged_bytes(params)

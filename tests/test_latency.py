@@ -17,7 +17,6 @@ from conftest import noisy_copy, tiny_model, train_tokenizer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors import latency
 from collectors.latency import (
     SCHEMA_VERSION,
     LatencyProfile,
@@ -37,6 +36,7 @@ from collectors.profiling import Job, fit_small_step, measure_profile, robust_me
 from collectors.records import RoundRecord
 from collectors.replay import small_frontier
 from config.params import ProfileParams
+from decoder import files
 from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
@@ -345,10 +345,10 @@ def test_save_is_atomic(tmp_path, monkeypatch, measured: LatencyProfile) -> None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
     before = path.read_text()
 
-    def broken_dump(*args, **kwargs) -> None:
+    def broken_fsync(fd: int) -> None:  # the temporary file is written, not yet renamed
         raise OSError("disk full")
 
-    monkeypatch.setattr(latency.json, "dump", broken_dump)
+    monkeypatch.setattr(files.os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="disk full"):
         save_profile(measured, path)
     assert path.read_text() == before

@@ -191,3 +191,32 @@ def test_each_stage_is_one_mlflow_run_with_params_metrics_and_a_plot(run_all):
         want = {"fit_value": "oof_nmae_A_invoke", "distill": "offline.student_oof.mean_pct_of_best"}
         assert want.get(run.info.run_name, next(iter(run.data.metrics))) in run.data.metrics
         assert any(p.endswith(".png") for p in plots), run.info.run_name
+
+
+def test_distill_exports_the_training_states_that_won_out_of_fold(run_all):
+    """Canonical, round-level and both: fitted on the same folds, compared by the walked offline
+    metric; the exported student (its row, threshold and README-facing table) is the winner's."""
+    params, res = run_all
+    ts = res["distill"]["train_set"]
+    pct = ts["oof_pct_of_best"]
+    assert sorted(pct) == ["both", "canonical", "rounds"]
+    assert ts["winner"] == max(pct, key=pct.get)
+    assert ts["n_round_states"] == N_REPORTS * 2 * 3 * 31  # synthetic: 2 prompts x 3 starts per report
+    offline = res["distill"]["offline"]
+    # distill.loss auto: the thresholded winner or the MSE student (threshold 0), whichever walks better
+    mse = offline["student_mse_oof"]["mean_pct_of_best"]
+    assert offline["student_oof"]["mean_pct_of_best"] == max(pct[ts["winner"]], mse)
+    assert ts["exported_loss"] == ("mse" if mse > pct[ts["winner"]] else "weighted_logistic")
+    for name in pct:
+        if name != ts["winner"] or ts["exported_loss"] == "mse":
+            assert offline[f"student_{name}_oof"]["mean_pct_of_best"] == pct[name]
+    ranked = sorted(pct.values(), reverse=True)
+    assert ts["margin_over_runner_up_pct"] == pytest.approx(ranked[0] - ranked[1])
+    manifest = json.loads((Path(params.distill.out_dir) / "student.json").read_text())
+    if ts["exported_loss"] == "mse":
+        assert manifest["threshold"] == 0.0 and "(mse)" in manifest["decision"]
+    else:
+        assert manifest["threshold"] == pytest.approx(float(np.median(ts["fold_thresholds"][ts["winner"]])))
+    assert all(0 < v <= 100 for v in ts["round_walk_pct_of_round_best"].values())
+    table = (Path(params.distill.out_dir) / "offline.md").read_text()
+    assert f"exported: **{ts['winner']}**" in table and "| rounds |" in table

@@ -68,6 +68,7 @@ def params_for(root: Path, name: str, **collect_overrides):
             "data": {"out_dir": str(root / "data")},
             "pairs": pairs,
             "profile": {"pairs": list(PAIRS), "out_dir": str(root / "profile"), "sizes": [1, 16, 64, 160]},
+            "budget": {"mode": "fixed", "out_dir": str(root / "budget")},
             "collect": {"out_dir": str(root / name), "pairs": list(PAIRS), "datasets": ["code", "chat"],
                         "prompts_per_report": 2, "max_new_tokens": 12, **collect_overrides},
             "runtime": {"torch_threads": 1},

@@ -12,7 +12,7 @@ from decoder.planning import suffix_feature_names
 from decoder.state import SIGNAL_NAMES, state_feature_names
 from models.cross_fit import FoldInputs, StudentSpec, cross_fit
 from models.mlp import count_parameters
-from models.offline import choose_threshold
+from models.offline import Replay, choose_threshold, choose_threshold_walked, walked_pct_of_best
 from models.student import PAPER_STUDENT_PARAMS, Student, objective, student_param_count
 from models.training import fit_weighted, predict
 
@@ -76,6 +76,10 @@ def test_threshold_is_non_negative_and_prefers_skipping_when_unsure():
     assert choose_threshold(-np.abs(scores), regret, tolerance_pct=0.0) == 0.0  # t never < 0
 
 
+def _chooser(regret):
+    return lambda scores, train: choose_threshold(scores[train], regret[train], 0.0)
+
+
 def test_cross_fit_never_uses_the_held_out_fold():
     rng = np.random.default_rng(0)
     report = np.repeat(np.arange(6), 7)  # 6 reports of 7 states, 2 reports per fold
@@ -84,11 +88,35 @@ def test_cross_fit_never_uses_the_held_out_fold():
     margin = np.where(odd > 0, 0.2, -0.2) + 0.05 * rng.normal(size=len(report))
     folds = report % 3
     spec = StudentSpec("weighted_logistic", (64, 32), FAST, 0.0, nested_threshold=True)
-    base = cross_fit([FoldInputs(z, margin)] * 3, folds, margin, spec)
+    base = cross_fit([FoldInputs(z, margin)] * 3, folds, _chooser(margin), spec)
     assert len(base.thresholds) == 3 and min(base.thresholds) >= 0
     held = folds == 0
     flipped = np.where(held, -margin, margin)  # fold 0's targets and regrets flipped, inputs kept
-    again = cross_fit([FoldInputs(z, flipped)] * 3, folds, flipped, spec)
+    again = cross_fit([FoldInputs(z, flipped)] * 3, folds, _chooser(flipped), spec)
     np.testing.assert_allclose(again.scores[held], base.scores[held], atol=1e-6)
     assert again.thresholds[0] == base.thresholds[0]
     assert not np.allclose(again.scores[~held], base.scores[~held])  # the other folds trained on it
+
+
+def _replay_two_steps() -> Replay:
+    """One report, D = 2: the best schedule is 10 (invoke, then skip)."""
+    tps = {"00": 100.0, "01": 90.0, "10": 120.0, "11": 80.0}
+    index = {("r", 1, ""): 0, ("r", 2, "0"): 1, ("r", 2, "1"): 2}
+    return Replay.build(index, {("r", s): t for s, t in tps.items()})
+
+
+def test_walked_threshold_keeps_the_call_that_the_per_state_rule_drops():
+    """The per-state rule's tolerance is on a mean over every state, so one decisive state's loss
+    is diluted and skipping everywhere looks near-best; the walked rule pays what the walk pays."""
+    replay = _replay_two_steps()
+    scores = np.array([0.8, -1.0, 0.5])  # invoke at step 1 (right), skip at step 2 after "1" (right)
+    regret = np.array([20 / 120, -10 / 100, -40 / 120])  # best invoke - best skip, / best of the two
+    # t = 0.5 decides every state right (walk 10 = the best, 100%); t = 0.8 skips everywhere
+    # (walk 00: 83.3% of best), wrong on one state of three: 5.6 points of mean per-state regret.
+    assert choose_threshold(scores, regret, tolerance_pct=6.0) == pytest.approx(0.8)
+    assert choose_threshold_walked(scores, replay, ["r"], 2, tolerance_pct=6.0) == pytest.approx(0.5)
+    assert walked_pct_of_best(scores > 0.8, replay, ["r"], 2) == pytest.approx(100 * 100 / 120)
+    # a tolerance wider than the gap: the largest t within it (when unsure, skip)
+    assert choose_threshold_walked(scores, replay, ["r"], 2, tolerance_pct=20.0) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="no score"):
+        choose_threshold_walked(np.array([0.8, np.nan, 0.5]), replay, ["r"], 2, 0.0)

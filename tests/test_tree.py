@@ -124,7 +124,9 @@ def test_non_finite_scores_are_refused():
 
 
 def test_tree_core_does_not_import_torch():
-    modules = "decoder.tree, decoder.ngram, decoder.sampling, decoder.state, decoder.scheduler"
+    modules = (
+        "decoder.tree, decoder.ngram, decoder.sampling, decoder.state, decoder.scheduler, decoder.ddtree"
+    )
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

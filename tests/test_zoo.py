@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from collectors.embedded_data import stdlib_files
 from config.params import ModelSpec, Params, load_params
+from decoder.block_drafter import load_block_drafter
 from decoder.models import TokenizerMismatchError, load_pair
 from decoder.templates import get_template, render
 from models.lm_training import build_model, grow_model
 from models.tokenizer_training import tokenizer_digest
-from models.zoo import cheapest_equivalent, read_corpus, train_zoo, training_order
+from models.zoo import cheapest_equivalent, check_block_targets, read_corpus, train_zoo, training_order
 
 
 def _real_corpus(data_dir: Path) -> None:
@@ -37,8 +39,11 @@ def _real_corpus(data_dir: Path) -> None:
         (corpus / f"{name}.jsonl").write_text(rows, encoding="utf-8")
 
 
-# The smoke zoo's chat models train on this corpus's "chat" file only.
-CHAT_ONLY = {"models": {n: {"corpus": ["chat"]} for n in ("target-chat", "mid-chat")}}
+# The smoke zoo's chat models (and the chat target's block drafter) train on this corpus's "chat" file only.
+CHAT_ONLY = {
+    "models": {n: {"corpus": ["chat"]} for n in ("target-chat", "mid-chat")},
+    "block_drafters": {"block-chat-l": {"corpus": ["chat"]}},
+}
 
 
 def _smoke_params(**zoo: object) -> Params:
@@ -145,6 +150,9 @@ def test_training_is_deterministic(smoke_zoo: tuple[Path, dict], tmp_path: Path)
     train_zoo(params.zoo, tmp_path / "data", tmp_path / "zoo")
     for name in manifest["models"]:
         assert _weights_digest(tmp_path / "zoo" / name) == _weights_digest(out / name)
+    for name in manifest["block_drafters"]:
+        again, first = (root / name / "block_drafter.safetensors" for root in (tmp_path / "zoo", out))
+        assert again.read_bytes() == first.read_bytes(), name
 
 
 def test_grown_model_computes_the_same_function() -> None:
@@ -204,3 +212,32 @@ def test_fine_tuned_target_differs_from_its_source_and_is_recorded(smoke_zoo: tu
     assert _weights_digest(out / "target-chat") != _weights_digest(out / "target-s")
     models = _smoke_params().zoo.models
     assert cheapest_equivalent(models, "target-chat-l") == "target-chat"
+
+
+def test_block_drafters_are_saved_and_load_onto_their_targets(smoke_zoo: tuple[Path, dict]) -> None:
+    """Each block drafter is in its own folder, pinned, and proposes K positions for its target."""
+    out, manifest = smoke_zoo
+    specs = load_params(profile="smoke").zoo.block_drafters
+    assert set(manifest["block_drafters"]) == set(specs) and len(specs) >= 2
+    for name, spec in specs.items():
+        info = manifest["block_drafters"][name]
+        assert info["target"] == spec.target and info["seconds"] > 0
+        assert len(info["held_out_top1"]) == spec.k
+        target = AutoModelForCausalLM.from_pretrained(out / spec.target, local_files_only=True).eval()
+        drafter = load_block_drafter(out / name, target)
+        assert drafter.k == spec.k and max(drafter.target_layers) == target.config.num_hidden_layers
+        committed = [5, 9, 3, 7, 11]
+        with torch.no_grad():
+            hs = target(input_ids=torch.tensor([committed[:-1]]), output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i][0] for i in drafter.target_layers], dim=-1)
+        assert drafter.propose(feats, committed, 4).ids.shape == (spec.k, 4)
+
+
+def test_block_drafter_targets_are_checked() -> None:
+    zoo = load_params(profile="smoke").zoo
+    ghost = {"b": replace(zoo.block_drafters["block-m"], target="mid-s")}
+    with pytest.raises(ValueError, match=r"zoo.block_drafters.b.target: 'mid-s' is not a zoo target"):
+        check_block_targets(replace(zoo, block_drafters=ghost))
+    taken = {"mid-s": zoo.block_drafters["block-m"]}
+    with pytest.raises(ValueError, match=r"zoo.block_drafters.mid-s: the name is taken"):
+        check_block_targets(replace(zoo, block_drafters=taken))

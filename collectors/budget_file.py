@@ -1,0 +1,70 @@
+"""The budget stage's result file: each pair's verification budget, written atomically, read checked.
+
+Contract: ``<budget.out_dir>/budgets.json`` maps pair id -> an entry whose ``budget`` is the pair's
+`TreeConfig.budget` (verified nodes besides the root), an int in [1, tree.budget]; the entry's other
+keys are the measurements behind it (pipeline/budget.py). `write_budgets` replaces the file
+atomically (temp file in the same folder, fsync, rename). `load_budgets` and `pair_budget` raise a
+`BudgetFileError` naming the file (and the pair or field) when it is missing, is not JSON, lacks the
+pair or holds a budget out of range, so no stage silently decodes with a budget nobody chose.
+No torch: any stage can read it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from config.params import Params, resolve
+from decoder.files import replace_atomically
+
+BUDGETS_FILE = "budgets.json"
+
+
+class BudgetFileError(ValueError):
+    """budgets.json is missing, corrupt, lacks a pair or holds a budget out of range."""
+
+
+def budgets_path(params: Params) -> Path:
+    return resolve(params.budget.out_dir) / BUDGETS_FILE
+
+
+def write_budgets(path: Path, entries: Mapping[str, Mapping[str, object]]) -> Path:
+    """Write {pair_id: entry} as JSON atomically; return the path."""
+    return replace_atomically(path, (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode())
+
+
+def load_budgets(path: Path, max_budget: int) -> dict[str, int]:
+    """pair id -> budget of every entry of ``path``, each checked to be an int in [1, max_budget]."""
+    if not path.is_file():
+        raise BudgetFileError(f"{path}: no budgets file; run the budget stage first")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BudgetFileError(f"{path}: not a JSON file ({err})") from err
+    if not isinstance(data, dict):
+        raise BudgetFileError(f"{path}: expected a mapping of pair id -> entry, got {type(data).__name__}")
+    out = {}
+    for pair_id, entry in data.items():
+        budget = entry.get("budget") if isinstance(entry, dict) else None
+        if not isinstance(budget, int) or isinstance(budget, bool) or not 1 <= budget <= max_budget:
+            raise BudgetFileError(
+                f"{path}: {pair_id}.budget must be an int in [1, {max_budget}] (tree.budget), got {budget!r}"
+            )
+        out[pair_id] = budget
+    return out
+
+
+def pair_budget(params: Params, pair_id: str) -> int:
+    """The verification budget the budget stage chose for ``pair_id`` (reads budget.mode,
+    budget.out_dir and tree.budget); with ``budget.mode: fixed`` every pair gets tree.budget."""
+    if params.budget.mode == "fixed":
+        return params.tree.budget
+    path = budgets_path(params)
+    budgets = load_budgets(path, params.tree.budget)
+    if pair_id not in budgets:
+        raise BudgetFileError(
+            f"{path}: no budget for pair {pair_id!r} (it has {sorted(budgets)}); "
+            "add the pair to collect.pairs or evaluate.pairs and rerun the budget stage"
+        )
+    return budgets[pair_id]

@@ -1,0 +1,213 @@
+"""Priced speedup of fixed schedules under every verification budget, from one replay per round start.
+
+Contract (temperature 0, exact):
+- `SweepReplayer` is collectors.replay's Replayer whose `finish` keeps each round's full tree and
+  turns its one greedy acceptance into the accepted length and verified size under every budget
+  B <= tree.budget (decoder.budget.budget_sweep), as a `FullOutcome`.
+- `sweep_prompt` builds every schedule's tree once at EVERY start position of the continuation and
+  walks each (schedule, budget) trajectory start to start (L -> L + A_B + 1) with replay's own
+  round accounting (`Walk`): each walk is the replay of decoding with `TreeConfig.budget = B`
+  (benchmarks/bench_budget.py --check compares it with plain replay round for round).
+- `sweep_pair` prices every walk with the pair's latency profile (fixed schedules: no decision
+  cost) against AR priced as one-token target steps, summed over the prompts: a `PolicySweep` per
+  policy (All-Small, All-Mid when the pair has a mid drafter).
+- `saba_line`: SABA's cost line C(B) = B c_verify + c_fixed (GRAFT's rule, decoder.budget) through
+  the mean drafting + tree work of the largest tree's rounds plus the profile's verify(B + 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from collectors.branch_mid import committed_kv
+from collectors.latency import LatencyProfile, RoundCounts, fed_before_calls, price_ar, price_round
+from collectors.replay import Branch, BranchOutcome, Replayer, Walk, accepted_along, small_frontier
+from decoder.budget import budget_sweep, linear_cost, saba_budget
+from decoder.config import DecodeConfig, TreeConfig
+from decoder.construct import RoundBuilder
+from decoder.models import ModelPair
+
+
+@dataclass(frozen=True)
+class FullOutcome:
+    """One schedule from one round start, before any prune: outcomes under every budget."""
+
+    accepted: np.ndarray  # [B] accepted drafted tokens under prune(B), B = 0..b_max
+    kept: np.ndarray  # [B] verified nodes besides the root
+    fed_full: int  # leading accepted nodes the mid drafter fed (-1: no mid call)
+    calls: tuple[int, ...]
+    tree_nodes: int
+    frontier: int | None
+    small_steps: int
+
+    def at(self, budget: int) -> BranchOutcome:
+        a = int(self.accepted[budget])
+        fed = -1 if self.fed_full < 0 else min(a, self.fed_full)
+        return BranchOutcome(
+            a, int(self.kept[budget]) + 1, self.calls, fed, (), self.tree_nodes, self.frontier
+        )
+
+
+class SweepReplayer(Replayer):
+    """Replay whose `finish` keeps the full tree's outcome under every budget instead of one prune."""
+
+    def finish(self, b: Branch, text: list[int], start: int) -> FullOutcome:  # type: ignore[override]
+        tree, b_max = b.state.tree, self.config.tree.budget
+        path = accepted_along(tree, text, start)
+        sweep = budget_sweep(tree, path, b_max)
+        fed = -1
+        if b.calls:
+            fed = 0
+            while fed < len(path) and path[fed] in b.mid.scores.row:
+                fed += 1
+        cfg = self.config.tree
+        frontier = small_frontier(tree, b.bits, cfg.width, cfg.sequential)
+        small = len(b.bits) - sum(b.bits)
+        return FullOutcome(sweep.accepted, sweep.kept, fed, b.calls, tree.n_alive, frontier, small)
+
+
+def sweep_prompt(
+    rep: SweepReplayer, prompt: list[int], budgets: list[int]
+) -> tuple[dict[tuple[int, int], Walk], dict[int, list[FullOutcome]], int]:
+    """Every (schedule, budget) trajectory of one prompt, and the outcomes from every start position
+    of the continuation (each a round that a trajectory of some budget could begin there)."""
+    inputs = rep.inputs(prompt)
+    text, limit, mid_kv = inputs.text, inputs.limit, inputs.mid_kv
+    ngram = rep.ngram_with_rows(prompt, text)
+    builder = RoundBuilder(rep.config.tree, ngram, None, lambda: 0.0)
+    ngram.commit(prompt)
+    keys = [(s, b) for s in range(len(rep.schedules)) for b in budgets]
+    walks = {k: Walk() for k in keys}
+    at: dict[int, list[tuple[int, int]]] = {len(prompt): list(keys)}
+    seen = {}
+    for start in range(len(prompt), len(prompt) + limit):
+        ngram.commit(text[len(ngram.index.tokens) : start])
+        context = committed_kv(mid_kv, start - 1) if mid_kv is not None else None
+        outcomes = rep._all_schedules(builder, context, text, start, set(rep.schedules))
+        seen[start] = outcomes
+        for s, b in at.pop(start, []):
+            nxt = walks[s, b].advance(outcomes[s].at(b), start, limit, rep.schedules[s])
+            if nxt is not None:
+                at.setdefault(nxt, []).append((s, b))
+    emitted = {w.emitted for w in walks.values()}
+    if emitted != {limit} or at:
+        raise RuntimeError(f"trajectories emitted {sorted(emitted)} tokens, expected {limit}")
+    return walks, seen, limit
+
+
+def priced_ms(profile: LatencyProfile, walk: Walk) -> float:
+    """A fixed schedule's trajectory priced with the profile (no scheduler decisions)."""
+    return sum(price_round(profile, replace(r.counts(), decisions=0)) for r in walk.rounds)
+
+
+Sample = tuple[FullOutcome, int]  # one replayed round start and the tokens left to emit from it
+
+
+def round_counts(o: FullOutcome, budget: int) -> RoundCounts:
+    """The priced counts of one replayed start under a budget (no mid catch-up: the round alone)."""
+    b = o.at(budget)
+    fed = fed_before_calls(b.mid_tree_tokens)
+    return RoundCounts(
+        b.verified_nodes, b.mid_tree_tokens, o.small_steps, 0, fed, b.tree_nodes, b.small_frontier
+    )
+
+
+def round_tokens(o: FullOutcome, left: int, budget: int) -> int:
+    """Tokens a round from this start commits under a budget, capped at what is left to emit."""
+    return min(int(o.accepted[budget]) + 1, left)
+
+
+def saba_line(profile: LatencyProfile, samples: list[Sample], budgets: list[int]) -> tuple[float, float]:
+    """(c_verify, c_fixed) of SABA's line through mean drafting + tree work of the rounds (under the
+    largest budget) plus the profile's verify(B + 1), B over ``budgets``."""
+    full = [round_counts(o, budgets[-1]) for o, _ in samples]
+    draft_ms = float(np.mean([price_round(profile, c) - profile.verify_ms(c.verified_nodes) for c in full]))
+    return linear_cost(budgets, [draft_ms + profile.verify_ms(b + 1) for b in budgets])
+
+
+@dataclass(frozen=True)
+class PolicySweep:
+    """One fixed schedule of one pair under every budget 1..b_max, summed over the prompts."""
+
+    budgets: tuple[int, ...]  # 1..b_max
+    priced_ms: tuple[float, ...]  # per budget: the trajectories' priced ms
+    ar_ms: float  # AR priced for the same tokens
+    accepted: tuple[float, ...]  # per budget: mean accepted drafted tokens per round
+    on_max: list[Sample]  # the round starts of the b_max trajectories
+    every: list[Sample]  # every start position of every continuation
+
+    def speedup(self, budget: int) -> float:
+        return self.ar_ms / self.priced_ms[budget - 1]
+
+    def best(self) -> int:
+        """The budget of the highest priced speedup (the smallest on a tie)."""
+        return max(self.budgets, key=lambda b: (self.speedup(b), -b))
+
+    def saba(self, profile: LatencyProfile) -> tuple[int, float, float]:
+        """SABA's budget and its line (c_verify, c_fixed) from the b_max trajectories' rounds."""
+        c_verify, c_fixed = saba_line(profile, self.on_max, list(self.budgets))
+        return saba_budget(c_verify, c_fixed, self.budgets[-1]), c_verify, c_fixed
+
+
+def fixed_policies(pair: ModelPair, depth: int) -> dict[str, tuple[bool, ...]]:
+    """All-Small, and All-Mid when the pair has a mid drafter."""
+    names = {"all-small": (False,) * depth, "all-mid": (True,) * depth}
+    if pair.mid is None:
+        names.pop("all-mid")
+    return names
+
+
+Check = Callable[[SweepReplayer, list[int], dict[tuple[int, int], Walk]], None]
+
+
+def sweep_pair(
+    pair: ModelPair,
+    profile: LatencyProfile,
+    prompts: list[list[int]],
+    tree: TreeConfig,
+    max_new_tokens: int,
+    check: Check | None = None,
+) -> dict[str, PolicySweep]:
+    """Every fixed policy of `fixed_policies` under every budget 1..tree.budget on ``prompts``;
+    ``check`` (if given) sees the first prompt's walks."""
+    if not prompts:
+        raise ValueError("sweep_pair needs at least one prompt")
+    names = fixed_policies(pair, tree.depth)
+    b_max = tree.budget
+    config = DecodeConfig(max_new_tokens=max_new_tokens, tree=tree)
+    rep = SweepReplayer(pair, config, list(names.values()), round_table_stride=0)
+    budgets = list(range(1, b_max + 1))
+    ms = {(s, b): 0.0 for s in range(len(names)) for b in budgets}
+    acc: dict[tuple[int, int], list[int]] = {k: [] for k in ms}
+    on_max: list[list[Sample]] = [[] for _ in names]
+    every: list[list[Sample]] = [[] for _ in names]
+    ar_ms = 0.0
+    for i, prompt in enumerate(prompts):
+        walks, seen, limit = sweep_prompt(rep, prompt, budgets)
+        if check is not None and i == 0:
+            check(rep, prompt, walks)
+        ar_ms += price_ar(profile, limit)
+        end = len(prompt) + limit
+        for s in range(len(names)):
+            every[s] += [(o[s], end - start) for start, o in seen.items()]
+            start = len(prompt)
+            for r in walks[s, b_max].rounds:
+                on_max[s].append((seen[start][s], end - start))
+                start += r.emitted
+        for k, w in walks.items():
+            ms[k] += priced_ms(profile, w)
+            acc[k] += [r.accepted for r in w.rounds]
+    return {
+        name: PolicySweep(
+            tuple(budgets),
+            tuple(ms[s, b] for b in budgets),
+            ar_ms,
+            tuple(float(np.mean(acc[s, b])) for b in budgets),
+            on_max[s],
+            every[s],
+        )
+        for s, name in enumerate(names)
+    }

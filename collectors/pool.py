@@ -1,0 +1,109 @@
+"""A small process pool for deterministic work: same results as in-process, in plan order.
+
+Contract: ``run_tasks(fn, tasks, workers, threads)`` returns ``[fn(*t.args) for t in tasks]``.
+With ``workers <= 1`` it is exactly that loop, in this process. Otherwise ``workers`` spawned
+processes (never forked: a forked torch runtime can deadlock) each set torch's threads to
+``threads`` and take the tasks in their listed order; results come back in that order whatever
+order they finish in. ``fn`` must be a module-level function and the args picklable.
+
+A task that raises fails the run: the parent raises ``TaskError`` naming the task's label (a report
+id, a cell) with the worker's traceback; so does a worker that dies (killed, out of memory). Queued
+tasks are cancelled and the ones already handed to a worker are let finish before the error is
+raised, so tasks that write files atomically (temporary name, fsync, rename) leave nothing
+half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+
+class TaskError(RuntimeError):
+    """A task failed in a worker process (the message names it and carries the traceback)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    label: str  # names the task in progress and errors: a report id, a cell
+    args: tuple
+
+
+@dataclass(frozen=True)
+class _Failure:
+    kind: str
+    message: str
+    traceback: str
+
+
+def _exit_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
+
+
+def _init_worker(threads: int, log_level: int) -> None:
+    import torch
+
+    # a parent killed outright (SIGKILL) must not leave workers behind, running or idle
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s [worker %(process)d]: %(message)s")
+
+
+def _run(job: tuple[int, Callable, tuple]) -> tuple[int, object]:
+    i, fn, args = job
+    try:
+        return i, fn(*args)
+    except Exception as err:  # the parent raises it, naming the task
+        return i, _Failure(type(err).__name__, str(err), traceback.format_exc())
+
+
+def run_tasks(
+    fn: Callable,
+    tasks: Sequence[Task],
+    workers: int,
+    threads: int,
+    done: Callable[[Task, object], None] | None = None,
+) -> list:
+    """``fn(*task.args)`` for every task, in task order; ``done(task, result)`` as each finishes."""
+    if workers <= 1 or len(tasks) <= 1:
+        out = []
+        for t in tasks:
+            out.append(fn(*t.args))
+            if done is not None:
+                done(t, out[-1])
+        return out
+    results: dict[int, object] = {}
+    ctx = multiprocessing.get_context("spawn")
+    init = (threads, logging.getLogger().level)
+    pool = ProcessPoolExecutor(min(workers, len(tasks)), ctx, _init_worker, init)
+    try:
+        futures = {pool.submit(_run, (i, fn, t.args)): i for i, t in enumerate(tasks)}
+        for future in as_completed(futures):
+            i = futures[future]
+            try:
+                _, result = future.result()
+            except BrokenProcessPool as err:
+                left = [t.label for j, t in enumerate(tasks) if j not in results]
+                raise TaskError(f"a worker process died with tasks unfinished: {', '.join(left)}") from err
+            if isinstance(result, _Failure):
+                raise TaskError(
+                    f"{tasks[i].label}: {result.kind}: {result.message}\n"
+                    f"worker traceback:\n{result.traceback}"
+                )
+            results[i] = result
+            if done is not None:
+                done(tasks[i], result)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [results[i] for i in range(len(tasks))]

@@ -1,0 +1,88 @@
+"""The evaluate stage's priced part as pool tasks: one task per (target, dataset), in plan order.
+
+Cells whose pairs share a target checkpoint (zoo-l and zoo-lw: target-l) on the same dataset get
+the same prompts' target work (g, its stop, the target's rows), so they form one task with one
+``TargetMemo``; every other cell is a task of its own. Tasks run in ``collectors.pool`` with
+``evaluate.workers`` processes; the cells come back in the order they were asked for, equal field by
+field to computing them one by one in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from collectors.plan import load_registered_pair, pair_tree, profile_for, report_questions
+from collectors.pool import Task, run_tasks
+from collectors.priced_eval import PricedCell, TargetMemo, priced_cell
+from collectors.records import runtime_for
+from collectors.report import ReportSpec
+from config.params import Params
+from decoder.config import DecodeConfig
+
+Cell = tuple[str, str]  # (pair_id, dataset_id)
+
+
+def cell_inputs(params: Params, pair_id: str, dataset: str, pair, n_prompts: int) -> tuple:
+    """(questions, prompts, profile, runtimes) of an evaluate cell's first ``n_prompts`` prompts.
+
+    One runtime context per prompt, with that prompt's own length, as a decoder serving it sees.
+    """
+    cfg = params.evaluate
+    spec = ReportSpec(pair_id, dataset, cfg.prompt_start, cfg.prompt_start + n_prompts)
+    questions, prompts = report_questions(params, spec, pair.tokenizer)
+    profile = profile_for(params, pair_id)
+    tree = pair_tree(params, pair_id)
+    runtimes = [runtime_for(profile, len(p), tree) for p in prompts]
+    return questions, prompts, profile, runtimes
+
+
+def decode_config(params: Params, pair_id: str) -> DecodeConfig:
+    """Evaluate's greedy decoding settings with the pair's tree (its measured budget)."""
+    return DecodeConfig(params.evaluate.max_new_tokens, 0.0, params.collect.seed, pair_tree(params, pair_id))
+
+
+def priced_group(
+    params: Params, cells: Sequence[Cell], policies: Mapping[str, Callable], fixed: Mapping[str, str]
+) -> list[PricedCell]:
+    """The priced cells of pairs sharing one target on one dataset, with one TargetMemo."""
+    memo, out = TargetMemo(), []
+    for pair_id, dataset in cells:
+        pair = load_registered_pair(params, pair_id)
+        _, prompts, profile, runtime = cell_inputs(
+            params, pair_id, dataset, pair, params.evaluate.prompts_per_cell
+        )
+        config = decode_config(params, pair_id)
+        cell = priced_cell(pair, prompts, config, profile, runtime, dict(policies), dict(fixed), memo=memo)
+        out.append(cell)
+    return out
+
+
+def target_groups(params: Params, cells: Sequence[Cell]) -> list[list[Cell]]:
+    """Cells grouped by (target checkpoint, dtype, device, dataset), groups in first-cell order."""
+    groups: dict[tuple, list[Cell]] = {}
+    for pair_id, dataset in cells:
+        target, _ = params.pair_paths(pair_id)
+        spec = params.pairs[pair_id]
+        groups.setdefault((str(target), spec.dtype, spec.device, dataset), []).append((pair_id, dataset))
+    return list(groups.values())
+
+
+def priced_cells(
+    params: Params,
+    cells: Sequence[Cell],
+    policies: Mapping[str, Callable],
+    fixed: Mapping[str, str],
+    progress: Callable[[int], object] | None = None,
+) -> dict[Cell, PricedCell]:
+    """Every cell's PricedCell, computed in ``evaluate.workers`` processes; ``progress(n_prompts)``
+    as each group finishes."""
+    groups = target_groups(params, cells)
+    tasks = [Task("+".join(f"{p}/{d}" for p, d in g), (params, g, policies, fixed)) for g in groups]
+
+    def done(task: Task, result: list[PricedCell]) -> None:
+        if progress is not None:
+            progress(sum(len(c.tokens) for c in result))
+
+    results = run_tasks(priced_group, tasks, params.evaluate.workers, params.runtime.torch_threads, done)
+    by_cell = {c: r for g, rs in zip(groups, results, strict=True) for c, r in zip(g, rs, strict=True)}
+    return {c: by_cell[c] for c in cells}

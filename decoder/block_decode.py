@@ -1,0 +1,60 @@
+"""The `ddtree` decoding path (GRAFT, design/GRAFT.md): block proposer -> DDTree -> verify.
+
+Each round the proposer gives per-position marginals for the K positions after the root (reading
+the target features the verifier keeps, when its target_layers ask for any), decoder/ddtree.py
+builds the best tree of config.block.budget nodes from them, and the same TargetVerifier as every
+other policy verifies it, greedy or by lossless rejection sampling, and commits. Rounds are
+recorded as RoundStats with no steps; the proposer's time is its "mid" component.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from decoder.block import BlockProposer
+from decoder.config import DecodeConfig
+from decoder.ddtree import build_ddtree
+from decoder.models import ModelPair
+from decoder.outcome import GenerationResult, Output, RoundStats
+from decoder.timing import make_clock, no_clock, zero_times
+from decoder.verify import TargetVerifier
+
+
+def ddtree_generate(
+    pair: ModelPair, prompt: list[int], proposer: BlockProposer, config: DecodeConfig, timing: bool
+) -> GenerationResult:
+    """Rounds of propose marginals -> DDTree -> verify; proposer time is recorded as 'mid'."""
+    wall = make_clock(pair.target.device)
+    clock = wall if timing else no_clock
+    rng = np.random.default_rng(config.seed)
+    t_start = wall()
+    layers = tuple(proposer.target_layers)
+    verifier = TargetVerifier(pair.target, pair.vocab_size, config.tree.topk, layers)
+    verifier.prefill(prompt)
+    committed = list(prompt)
+    out = Output(config.max_new_tokens, pair.eos_token_ids)
+    prefill_s = wall() - t_start
+    rounds: list[RoundStats] = []
+    while not out.done:
+        times = zero_times()
+        t0 = clock()
+        marginals = proposer.propose(verifier.features if layers else None, committed, config.block.topk)
+        t1 = clock()
+        if marginals.k > proposer.k:
+            raise ValueError(
+                f"block proposer returned {marginals.k} positions, more than its k = {proposer.k}"
+            )
+        tree = build_ddtree(
+            committed[-1], marginals.ids, marginals.logps, config.block.budget, pair.vocab_size
+        )
+        t2 = clock()
+        verdict = verifier.verify(tree, config.temperature, rng)
+        t3 = clock()
+        new = [tree.tokens[a] for a in verdict.accepted] + [verdict.bonus]
+        emitted = out.emit(new)
+        if not out.done:
+            committed.extend(new)
+        times.update(mid=t1 - t0, tree=t2 - t1, verify=t3 - t2)
+        n = len(tree) - 1
+        rounds.append(RoundStats(min(len(verdict.accepted), emitted), emitted, n, n, (), times))
+    return GenerationResult(out.tokens, rounds, prefill_s, wall() - t_start, out.hit_eos)

@@ -1,0 +1,39 @@
+"""Writing a file so that no reader ever sees half of it: the one helper every layer uses.
+
+`replace_atomically` writes the bytes to a temporary file in the target's folder, fsyncs it,
+renames it over the target and fsyncs the folder; on any error the temporary file is removed and
+the old file, if any, is left as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_atomically(path: Path | str, data: bytes) -> Path:
+    """Write ``data`` to ``path`` (parents created) by temp file, fsync and rename; return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path

@@ -1,0 +1,79 @@
+"""What a generation returns: per-round statistics, the result, and the exact stopping rules.
+
+Shared by every decoding path (decoder/generate.py, decoder/block_decode.py), so each records its
+rounds the same way and stops right after the first EOS or at max_new_tokens, never later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from decoder.construct import StepRecord
+from decoder.timing import zero_times
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One draft-and-verify round."""
+
+    accepted: int  # drafted tokens the target accepted AND that were emitted (bonus not counted)
+    emitted: int  # tokens added to the output this round (after EOS / budget truncation)
+    tree_size: int  # live drafted nodes before the prune
+    verified_size: int  # drafted nodes sent to the target
+    steps: tuple[StepRecord, ...]
+    times: dict[str, float]  # seconds per component
+    mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
+
+    @property
+    def mid_calls(self) -> tuple[bool, ...]:
+        return tuple(s.used_mid for s in self.steps)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    new_tokens: list[int]
+    rounds: list[RoundStats]
+    prefill_s: float
+    wall_s: float  # prefill + decoding
+    stopped_at_eos: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.new_tokens) / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return float(np.mean([r.accepted for r in self.rounds])) if self.rounds else 0.0
+
+    def component_times(self) -> dict[str, float]:
+        total = zero_times()
+        for r in self.rounds:
+            for k, v in r.times.items():
+                total[k] += v
+        return total
+
+
+class Output:
+    """Collects emitted tokens and applies the exact stopping rules."""
+
+    def __init__(self, limit: int, eos: tuple[int, ...]) -> None:
+        self.tokens: list[int] = []
+        self.limit = limit
+        self.eos = set(eos)
+        self.done = False
+        self.hit_eos = False
+
+    def emit(self, tokens: list[int]) -> int:
+        n = 0
+        for t in tokens:
+            if self.done:
+                break
+            self.tokens.append(int(t))
+            n += 1
+            if t in self.eos:
+                self.done = self.hit_eos = True
+            elif len(self.tokens) >= self.limit:
+                self.done = True
+        return n

@@ -1,0 +1,185 @@
+"""Round-level states: the states the decoder sees, one per (round start, step k, prefix a_<k).
+
+The canonical states (features/canonical.py) average each tree signal over a trajectory's rounds
+and prompts; online the scheduler sees one round's raw values. This module builds the second
+training set from the collectors' round table (every schedule's outcome from every round-table
+start, with the tree signals before each step):
+
+- z in decoder.state.state_feature_names(D) order (all 10 signals; callers pick columns):
+  context = log1p(the prompt's own length) and the report's profiled timings (target ms, mid ms,
+  their log ratio: what the runtime context and the canonical states hold); history from the bits
+  of the prefix and the start's mid lag (0 once the prefix has called the mid drafter, as online);
+  the round's own tree signals before step k (equal for every schedule sharing the prefix).
+- margin by exhaustive suffix search inside the round: the best realised tokens/s of the round
+  over prefix + '1' + any suffix minus the best over prefix + '0' + any suffix, where a
+  schedule's round value is (accepted + 1) / its priced round ms (both in the round table).
+
+Grouping, exploding and joins are polars; sorted by (report, prompt, start, step, prefix).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import polars as pl
+import pyarrow as pa
+
+from decoder.policies import schedule_bits
+from decoder.state import (
+    CONTEXT_NAMES,
+    SIGNAL_NAMES,
+    history_features,
+    history_names,
+    state_feature_names,
+)
+from features.collect_schemas import rounds_spec
+from features.tables import SchemaError
+
+KEY = ("report_id", "prompt_id", "start_position", "step", "prefix")
+TIMINGS = CONTEXT_NAMES[1:]  # target_ms, mid_ms, log_target_mid_ratio: per report
+OUTCOMES = ("invoke_tok_per_s", "skip_tok_per_s", "margin_tok_per_s", "margin_relative")
+
+
+def round_state_names(depth: int) -> tuple[str, ...]:
+    """The table's columns: keys, the fold, z (all signals), the two branch values and margins."""
+    return ("pair_id", "dataset_id", "fold_id", *KEY, *state_feature_names(depth), *OUTCOMES)
+
+
+def _schedules(depth: int) -> pl.DataFrame:
+    bits = ["".join("1" if b else "0" for b in schedule_bits(s, depth)) for s in range(2**depth)]
+    return pl.DataFrame(
+        {"schedule_id": list(range(2**depth)), "schedule": bits},
+        schema={"schedule_id": pl.Int16, "schedule": pl.String},
+    )
+
+
+def report_context(actions: pa.Table | pl.DataFrame, folds: pa.Table | pl.DataFrame) -> pl.DataFrame:
+    """Per report: its outer fold (``folds``: report_id, fold_id; e.g. the canonical states) and the
+    profiled timings exactly as the runtime context gives them (read off the collectors' action
+    rows, where they are one value per report; more than one is an error naming the report)."""
+    acts = (
+        actions
+        if isinstance(actions, pl.DataFrame)
+        else pl.from_arrow(actions.select(["report_id", *TIMINGS]))
+    )
+    fold = folds if isinstance(folds, pl.DataFrame) else pl.from_arrow(folds.select(["report_id", "fold_id"]))
+    per = acts.group_by("report_id").agg(
+        *(pl.col(c).n_unique().alias(f"_n_{c}") for c in TIMINGS), *(pl.col(c).first() for c in TIMINGS)
+    )
+    fold = fold.group_by("report_id").agg(
+        pl.col("fold_id").n_unique().alias("_n_fold_id"), pl.col("fold_id").first()
+    )
+    per = per.join(fold, on="report_id", how="left")
+    for c in ("fold_id", *TIMINGS):
+        bad = per.filter(pl.col(f"_n_{c}") != 1)["report_id"].to_list()
+        if bad:
+            raise ValueError(f"round states: {c} is not one value in report(s) {bad[:3]}")
+    return per.select("report_id", pl.col("fold_id").cast(pl.Int64), *TIMINGS)
+
+
+def round_states(rounds: pa.Table, context: pl.DataFrame, depth: int) -> pl.DataFrame:
+    """The round-level states table (columns: :func:`round_state_names`) from the round table and
+    :func:`report_context`; every start must hold all 2^D schedules."""
+    spec = rounds_spec(depth)
+    if rounds.schema.names != spec.names:
+        raise SchemaError(f"rounds table does not match {spec.tag}: columns {rounds.schema.names}")
+    frame = pl.from_arrow(rounds.select([n for n in spec.names if n not in ("mid_call_tokens",)]))
+    start = ["report_id", "prompt_id", "start_position"]
+    counts = frame.group_by(start).agg(pl.col("schedule_id").n_unique().alias("n"))
+    short = counts.filter(pl.col("n") != 2**depth)
+    if short.height:
+        raise ValueError(f"rounds: start {short.row(0)[:3]} has {short['n'][0]} schedules, not {2**depth}")
+    missing = frame.select("report_id").unique().join(context, on="report_id", how="anti")
+    if missing.height:
+        raise ValueError(f"rounds: report(s) {missing['report_id'].to_list()[:3]} have no canonical states")
+    n_sig = len(SIGNAL_NAMES)
+    value = (1e3 * (pl.col("accepted").cast(pl.Float64) + 1) / pl.col("round_latency_ms")).alias("value")
+    steps = (
+        frame.join(_schedules(depth), on="schedule_id")
+        .with_columns(value, step=pl.lit(list(range(1, depth + 1)), pl.List(pl.Int64)))
+        .explode("step")
+        .with_columns(
+            prefix=pl.col("schedule").str.slice(0, pl.col("step") - 1),
+            is_invoke=pl.col("schedule").str.slice(pl.col("step") - 1, 1) == "1",
+            sig=pl.col("signals").list.slice((pl.col("step") - 1) * n_sig, n_sig),
+        )
+    )
+    by = [*start, "step", "prefix"]
+    states = steps.group_by(by).agg(
+        pl.col("pair_id", "dataset_id", "prompt_tokens", "mid_lag").first(),
+        pl.col("sig").sort_by("schedule_id").first(),
+        pl.col("value").filter(pl.col("is_invoke")).max().alias("invoke_tok_per_s"),
+        pl.col("value").filter(~pl.col("is_invoke")).max().alias("skip_tok_per_s"),
+    )
+    margin = pl.col("invoke_tok_per_s") - pl.col("skip_tok_per_s")
+    out = (
+        states.join(context, on="report_id", how="left")
+        .join(_history(states, depth), on=["step", "prefix", "mid_lag"], how="left")
+        .join(_log_prompt(states), on="prompt_tokens", how="left")
+        .with_columns(
+            *(pl.col("sig").list.get(i).cast(pl.Float64).alias(n) for i, n in enumerate(SIGNAL_NAMES)),
+            margin.alias("margin_tok_per_s"),
+            (margin / pl.max_horizontal("invoke_tok_per_s", "skip_tok_per_s")).alias("margin_relative"),
+        )
+        .sort(list(KEY))
+    )
+    return out.select(round_state_names(depth))
+
+
+def _history(states: pl.DataFrame, depth: int) -> pl.DataFrame:
+    """History features per distinct (step, prefix, lag), by the decoder's own history_features
+    (bit-identical to what the runtime computes)."""
+    keys = states.select("step", "prefix", "mid_lag").unique().sort("step", "prefix", "mid_lag")
+    rows = [
+        history_features(k, depth, tuple(c == "1" for c in prefix), lag)
+        for k, prefix, lag in keys.iter_rows()
+    ]
+    names = history_names(depth)
+    return keys.with_columns(
+        pl.Series(n, [r[i] for r in rows], dtype=pl.Float64) for i, n in enumerate(names)
+    )
+
+
+def _log_prompt(states: pl.DataFrame) -> pl.DataFrame:
+    """log1p(prompt tokens) per distinct length, as decoder.state.context_features computes it."""
+    lengths = states["prompt_tokens"].unique().sort()
+    return pl.DataFrame(
+        {
+            "prompt_tokens": lengths,
+            CONTEXT_NAMES[0]: pl.Series([math.log1p(n) for n in lengths], dtype=pl.Float64),
+        }
+    )
+
+
+def feature_matrix(frame: pl.DataFrame, names: Sequence[str]):
+    """(n, len(names)) float64 NumPy matrix of the given feature columns."""
+    return frame.select(list(names)).to_numpy().astype("float64")
+
+
+def round_walk_pct(frame: pl.DataFrame, depth: int) -> float:
+    """Walk each round-table start's states from the empty prefix by the boolean column
+    ``is_invoke``; the reached schedule's round value (the step-D state's branch value) as % of
+    the round's best (max of the step-1 state's branches). Mean over starts per report, then over
+    reports."""
+    start = ["report_id", "prompt_id", "start_position"]
+    lookup = frame.select(*start, "step", "prefix", "is_invoke", "invoke_tok_per_s", "skip_tok_per_s")
+    first = lookup.filter(pl.col("step") == 1)
+    walk = first.select(
+        *start, best=pl.max_horizontal("invoke_tok_per_s", "skip_tok_per_s"), prefix=pl.lit("")
+    )
+    for k in range(1, depth + 1):
+        here = lookup.filter(pl.col("step") == k).drop("step")
+        walk = walk.join(here, on=[*start, "prefix"], how="left")
+        if walk["is_invoke"].null_count():
+            raise ValueError(f"round states: a walk reaches a step-{k} prefix the table lacks")
+        if k == depth:
+            reached = pl.when(pl.col("is_invoke")).then("invoke_tok_per_s").otherwise("skip_tok_per_s")
+            walk = walk.with_columns(pct=100 * reached / pl.col("best"))
+        else:
+            bit = pl.when(pl.col("is_invoke")).then(pl.lit("1")).otherwise(pl.lit("0"))
+            walk = walk.with_columns(prefix=pl.col("prefix") + bit).drop(
+                "is_invoke", "invoke_tok_per_s", "skip_tok_per_s"
+            )
+    per_report = walk.group_by("report_id").agg(pl.col("pct").mean())
+    return float(per_report["pct"].mean())

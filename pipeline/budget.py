@@ -1,0 +1,229 @@
+"""DVC stage ``budget``: each pair's verification budget, chosen from its measured cost curves.
+
+For every pair of collect.pairs and evaluate.pairs, on prompts of the collect slice (question
+collect.prompt_start + i // n of dataset i mod n of budget.datasets, i < budget.prompts_per_pair;
+never reaching evaluate.prompt_start, so the evaluate prompts stay held back), replay sweeps every
+budget B in 1..tree.budget for All-Small and All-Mid (collectors/budget_sweep.py: exact at
+temperature 0, priced with the pair's latency profile against AR). The pair's budget is
+
+    B* = argmax over B of max(priced speedup of All-Small(B), All-Mid(B))   (ties: the smaller B).
+
+Also recorded: each policy's best B and its curve, and SABA's budget (GRAFT's rule: c_fixed /
+c_verify of each policy's cost line; the policy whose SABA budget prices faster). ``mode: fixed``
+measures nothing and gives every pair tree.budget (the stage switched off).
+
+Writes ``budget.out_dir``: ``budgets.json`` (collectors/budget_file.py reads it), ``budgets.md``,
+``speedup_by_budget.png`` and ``plots/speedup_by_budget.csv``, and ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from collectors.budget_file import BUDGETS_FILE, write_budgets
+from collectors.budget_sweep import PolicySweep, sweep_pair
+from collectors.latency import LatencyProfile
+from collectors.plan import dataset_file, load_registered_pair, profile_for, report_questions, tree_config
+from collectors.plots import new_figure
+from collectors.report import ReportSpec
+from config.params import Params, resolve
+from pipeline.cli import apply_runtime, run_stage
+from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
+
+log = logging.getLogger(__name__)
+MODES = ("measured", "fixed")
+CURVE_COLUMNS = ("pair_id", "policy", "budget", "priced_speedup")
+
+
+def budget_pairs(params: Params) -> list[str]:
+    """collect.pairs, then the evaluate pairs collect lacks, in order."""
+    return list(dict.fromkeys((*params.collect.pairs, *params.evaluate.pairs)))
+
+
+def validate(params: Params) -> None:
+    cfg = params.budget
+    if cfg.mode not in MODES:
+        raise ValueError(f"budget.mode must be one of {MODES}, got {cfg.mode!r}")
+    unknown = [p for p in budget_pairs(params) if p not in params.pairs]
+    if unknown:
+        raise ValueError(
+            f"collect/evaluate.pairs: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}"
+        )
+    if cfg.mode == "fixed":
+        return
+    if cfg.prompts_per_pair <= 0 or cfg.max_new_tokens <= 0 or not cfg.datasets:
+        raise ValueError(
+            "budget.prompts_per_pair, budget.max_new_tokens and budget.datasets must be positive"
+        )
+    missing = [d for d in cfg.datasets if not dataset_file(params, d).is_file()]
+    if missing:
+        raise ValueError(f"budget.datasets: no question file for {missing} under {params.data.out_dir}")
+    stop = params.collect.prompt_start + math.ceil(cfg.prompts_per_pair / len(cfg.datasets))
+    if stop > params.evaluate.prompt_start:
+        raise ValueError(
+            f"budget.prompts_per_pair={cfg.prompts_per_pair} over {len(cfg.datasets)} datasets reaches "
+            f"question {stop - 1}, at or past evaluate.prompt_start={params.evaluate.prompt_start}: "
+            "the evaluate prompts are held back"
+        )
+
+
+def budget_specs(params: Params, pair_id: str) -> list[ReportSpec]:
+    """The prompt slices of one pair: dataset i mod n gets the i-th of budget.prompts_per_pair."""
+    cfg, start = params.budget, params.collect.prompt_start
+    n = len(cfg.datasets)
+    counts = [len(range(d, cfg.prompts_per_pair, n)) for d in range(n)]
+    return [
+        ReportSpec(pair_id, ds, start, start + k) for ds, k in zip(cfg.datasets, counts, strict=True) if k
+    ]
+
+
+def choose(sweeps: dict[str, PolicySweep], profile: LatencyProfile, n_prompts: int) -> dict:
+    """The pair's entry of budgets.json: B*, SABA's pick, and each policy's curve."""
+    budgets = next(iter(sweeps.values())).budgets
+    best_at = {b: max(sweeps, key=lambda name: sweeps[name].speedup(b)) for b in budgets}
+    chosen = max(budgets, key=lambda b: (sweeps[best_at[b]].speedup(b), -b))
+    policies, saba = {}, {}
+    for name, sw in sweeps.items():
+        b_saba, c_verify, c_fixed = sw.saba(profile)
+        saba[name] = b_saba
+        best = sw.best()
+        policies[name] = {
+            "best_budget": best,
+            "best_speedup": sw.speedup(best),
+            "saba_budget": b_saba,
+            "saba_c_verify_ms": c_verify,
+            "saba_c_fixed_ms": c_fixed,
+            "speedup": [sw.speedup(b) for b in budgets],
+            "accepted": list(sw.accepted),
+        }
+    saba_policy = max(sweeps, key=lambda name: sweeps[name].speedup(saba[name]))
+    return {
+        "mode": "measured",
+        "budget": chosen,
+        "policy": best_at[chosen],
+        "speedup_at_budget": sweeps[best_at[chosen]].speedup(chosen),
+        "speedup_at_max": max(sw.speedup(budgets[-1]) for sw in sweeps.values()),
+        "saba_budget": saba[saba_policy],
+        "saba_policy": saba_policy,
+        "speedup_at_saba": sweeps[saba_policy].speedup(saba[saba_policy]),
+        "n_prompts": n_prompts,
+        "policies": policies,
+    }
+
+
+def measure_pair(params: Params, pair_id: str) -> dict:
+    pair = load_registered_pair(params, pair_id)
+    profile = profile_for(params, pair_id)
+    prompts = [
+        p for spec in budget_specs(params, pair_id) for p in report_questions(params, spec, pair.tokenizer)[1]
+    ]
+    sweeps = sweep_pair(pair, profile, prompts, tree_config(params.tree), params.budget.max_new_tokens)
+    entry = choose(sweeps, profile, len(prompts))
+    log.info("%s: B* = %d (%s, %.2fx; %.2fx at B = %d; SABA B = %d, %.2fx)", pair_id, entry["budget"],
+             entry["policy"], entry["speedup_at_budget"], entry["speedup_at_max"], params.tree.budget,
+             entry["saba_budget"], entry["speedup_at_saba"])  # fmt: skip
+    return entry
+
+
+def markdown(entries: dict[str, dict], b_max: int) -> str:
+    lines = [
+        f"| pair | B* | policy | speedup @ B* | speedup @ B={b_max} | gain | SABA B | speedup @ SABA "
+        "| best B per policy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for pair_id, e in entries.items():
+        if e["mode"] == "fixed":
+            lines.append(f"| {pair_id} | {e['budget']} | fixed | - | - | - | - | - | - |")
+            continue
+        per = ", ".join(
+            f"{n} {p['best_budget']} ({p['best_speedup']:.2f}x)" for n, p in e["policies"].items()
+        )
+        lines.append(
+            f"| {pair_id} | {e['budget']} | {e['policy']} | {e['speedup_at_budget']:.2f}x "
+            f"| {e['speedup_at_max']:.2f}x | {e['speedup_at_budget'] / e['speedup_at_max']:.2f} "
+            f"| {e['saba_budget']} ({e['saba_policy']}) | {e['speedup_at_saba']:.2f}x | {per} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def curve_rows(entries: dict[str, dict]) -> list[dict]:
+    """One row per (pair, policy, budget): the plot's data for dvc plots."""
+    return [
+        dict(zip(CURVE_COLUMNS, (pair_id, name, b, s), strict=True))
+        for pair_id, e in entries.items()
+        for name, p in e.get("policies", {}).items()
+        for b, s in enumerate(p["speedup"], start=1)
+    ]
+
+
+def write_curves(path: Path, rows: list[dict]) -> None:
+    """The curves CSV; with nothing measured (mode fixed) its header alone."""
+    if rows:
+        write_csv(path, rows)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(",".join(CURVE_COLUMNS) + "\n")
+
+
+def curve_plot(entries: dict[str, dict], path: Path) -> object:
+    """Priced speedup over AR vs budget, the better policy per budget, one line per pair; B* marked."""
+    fig, ax = new_figure(8, 4)
+    for pair_id, e in entries.items():
+        if e["mode"] == "fixed":
+            continue
+        best = [max(c) for c in zip(*(p["speedup"] for p in e["policies"].values()), strict=True)]
+        (line,) = ax.plot(range(1, len(best) + 1), best, label=pair_id)
+        ax.plot([e["budget"]], [e["speedup_at_budget"]], "o", color=line.get_color())
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("verification budget B (nodes besides the root)")
+    ax.set_ylabel("priced speedup over AR (better of All-Small, All-Mid)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncols=2)
+    fig.savefig(path, dpi=120)
+    return fig
+
+
+def summary(entries: dict[str, dict]) -> dict:
+    measured = {k: e for k, e in entries.items() if e["mode"] == "measured"}
+    metrics: dict = {"n_pairs": len(entries), "n_measured": len(measured)}
+    if measured:
+        for key in ("speedup_at_budget", "speedup_at_max", "speedup_at_saba"):
+            metrics[f"mean_{key}"] = sum(e[key] for e in measured.values()) / len(measured)
+        metrics["mean_gain"] = sum(
+            e["speedup_at_budget"] / e["speedup_at_max"] for e in measured.values()
+        ) / len(measured)
+    keys = ("budget", "saba_budget", "speedup_at_budget", "speedup_at_max", "speedup_at_saba")
+    metrics["pairs"] = {k: {f: e[f] for f in keys if f in e} for k, e in entries.items()}
+    return metrics
+
+
+def main(params: Params) -> dict:
+    validate(params)
+    apply_runtime(params)
+    out = resolve(params.budget.out_dir)
+    b_max = params.tree.budget
+    with stage_run("budget", params):
+        if params.budget.mode == "fixed":
+            entries = {p: {"mode": "fixed", "budget": b_max} for p in budget_pairs(params)}
+        else:
+            entries = {p: measure_pair(params, p) for p in budget_pairs(params)}
+        table, metrics = markdown(entries, b_max), summary(entries)
+        write_budgets(out / BUDGETS_FILE, entries)
+        (out / "budgets.md").write_text(table)
+        write_curves(out / "plots" / "speedup_by_budget.csv", curve_rows(entries))
+        log_figure(curve_plot(entries, out / "speedup_by_budget.png"), "speedup_by_budget.png")
+        write_json(out / "metrics.json", metrics)
+        log_metrics(metrics)
+        import mlflow
+
+        for name in (BUDGETS_FILE, "budgets.md"):
+            mlflow.log_artifact(str(out / name))
+    print(table)
+    return entries
+
+
+if __name__ == "__main__":
+    run_stage("budget", main)

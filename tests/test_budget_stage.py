@@ -1,0 +1,133 @@
+"""The budget stage end to end on a tiny pair, checked against plain replay, and its result file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from collect_workspace import build_workspace, collect_overrides
+from dvc_outputs import declared_paths
+
+from collectors.budget_file import BudgetFileError, load_budgets, pair_budget
+from collectors.budget_sweep import fixed_policies
+from collectors.latency import price_ar, price_round
+from collectors.plan import load_registered_pair, profile_for, report_questions, tree_config
+from collectors.replay import Replayer
+from config.params import Params, load_params
+from decoder.config import DecodeConfig
+from pipeline import budget
+from pipeline.cli import stage_params
+
+
+def budget_params(root: Path, name: str = "budget", **section) -> Params:
+    overrides = collect_overrides(root)
+    overrides["evaluate"] = {"pairs": ["tiny"]}
+    overrides["budget"] = {"out_dir": str(root / name), "datasets": ["code", "chat"], "prompts_per_pair": 1,
+                           "max_new_tokens": 12, **section}  # fmt: skip
+    return load_params(profile="smoke", overrides=overrides)
+
+
+def run_budget(params: Params) -> dict:
+    """The stage as DVC runs it: only the params its dvc.yaml entry lists are readable."""
+    return budget.main(stage_params("budget", params))
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return build_workspace(tmp_path_factory.mktemp("budget"))
+
+
+@pytest.fixture(scope="module")
+def measured(workspace) -> tuple[Params, dict]:
+    params = budget_params(workspace)
+    return params, run_budget(params)
+
+
+def plain_speedup(params: Params, prompt: list[int], b: int) -> float:
+    """Priced speedup over AR of the better fixed policy, by plain replay at TreeConfig.budget = b."""
+    pair = load_registered_pair(params, "tiny")
+    profile = profile_for(params, "tiny")
+    tree = replace(tree_config(params.tree), budget=b)
+    schedules = list(fixed_policies(pair, tree.depth).values())
+    got = Replayer(pair, DecodeConfig(max_new_tokens=params.budget.max_new_tokens, tree=tree), schedules)
+    rep = got.replay_prompt(prompt)
+    speeds = []
+    for s in range(len(schedules)):
+        ms = sum(price_round(profile, replace(r.counts(), decisions=0)) for r in rep.rounds[s])
+        speeds.append(price_ar(profile, rep.n_tokens[s]) / ms)
+    return max(speeds)
+
+
+def test_stage_writes_a_budget_per_pair_and_every_declared_output(measured) -> None:
+    params, entries = measured
+    b_max = params.tree.budget
+    out = Path(params.budget.out_dir)
+    assert load_budgets(out / "budgets.json", b_max) == {"tiny": entries["tiny"]["budget"]}
+    assert 1 <= pair_budget(params, "tiny") <= b_max
+    for path in declared_paths(params, ["budget"])["budget"]:
+        assert path.is_file(), path
+    with (out / "plots" / "speedup_by_budget.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * b_max  # All-Small and All-Mid at every budget
+    entry = entries["tiny"]
+    assert set(entry["policies"]) == {"all-small", "all-mid"}
+    assert entry["n_prompts"] == 1
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["pairs"]["tiny"]["budget"] == entry["budget"]
+
+
+def test_the_chosen_budget_prices_at_least_as_fast_as_plain_replay_at_other_budgets(measured) -> None:
+    params, entries = measured
+    entry, b_max = entries["tiny"], params.tree.budget
+    pair = load_registered_pair(params, "tiny")
+    (spec,) = budget.budget_specs(params, "tiny")
+    (prompt,) = report_questions(params, spec, pair.tokenizer)[1]
+    at_chosen = plain_speedup(params, prompt, entry["budget"])
+    at_max = plain_speedup(params, prompt, b_max)
+    assert at_chosen == pytest.approx(entry["speedup_at_budget"], rel=1e-9)
+    assert at_max == pytest.approx(entry["speedup_at_max"], rel=1e-9)
+    others = {1, b_max, entry["saba_budget"], *(p["best_budget"] for p in entry["policies"].values())}
+    for b in sorted(others - {entry["budget"]}):
+        assert plain_speedup(params, prompt, b) <= at_chosen * (1 + 1e-9), b
+
+
+def test_mode_fixed_gives_every_pair_the_tree_budget(workspace) -> None:
+    params = budget_params(workspace, name="fixed", mode="fixed")
+    entries = run_budget(params)
+    assert {p: e["budget"] for p, e in entries.items()} == {"tiny": params.tree.budget}
+    assert pair_budget(params, "tiny") == params.tree.budget
+    lines = (Path(params.budget.out_dir) / "plots" / "speedup_by_budget.csv").read_text().splitlines()
+    assert lines == ["pair_id,policy,budget,priced_speedup"]
+
+
+def test_the_reader_names_the_file_on_a_missing_pair_or_a_bad_file(workspace, tmp_path) -> None:
+    params = budget_params(workspace, name=str(tmp_path / "budget"))
+    path = tmp_path / "budget" / "budgets.json"
+    with pytest.raises(BudgetFileError, match=re.escape(f"{path}: no budgets file")):
+        pair_budget(params, "tiny")
+    path.parent.mkdir()
+    path.write_text(json.dumps({"other": {"budget": 8}}))
+    with pytest.raises(BudgetFileError, match=re.escape(f"{path}: no budget for pair 'tiny'")):
+        pair_budget(params, "tiny")
+    path.write_text('{"tiny": {"budget": 8')
+    with pytest.raises(BudgetFileError, match=re.escape(f"{path}: not a JSON file")):
+        pair_budget(params, "tiny")
+    path.write_text(json.dumps({"tiny": {"budget": params.tree.budget + 1}}))
+    with pytest.raises(BudgetFileError, match=rf"tiny\.budget must be an int in \[1, {params.tree.budget}\]"):
+        pair_budget(params, "tiny")
+
+
+def test_prompts_reaching_the_evaluate_slice_are_refused(workspace) -> None:
+    params = budget_params(workspace, name="refused", prompts_per_pair=9)  # reaches question 4
+    with pytest.raises(ValueError, match=re.escape("evaluate.prompt_start=4")):
+        run_budget(params)
+    assert not Path(params.budget.out_dir).exists()
+
+
+def test_unknown_mode_is_refused(workspace) -> None:
+    with pytest.raises(ValueError, match=re.escape("budget.mode must be one of")):
+        run_budget(budget_params(workspace, name="bad", mode="learned"))

@@ -1,0 +1,126 @@
+"""Round-level states from a hand-made round table (D = 2): one state per (start, step, prefix),
+the round's own signals, history from the prefix and the start's lag, margins by suffix search."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from decoder.policies import schedule_bits
+from decoder.state import SIGNAL_NAMES
+from features.collect_schemas import rounds_spec
+from features.round_states import report_context, round_states, round_walk_pct
+from features.tables import to_table
+
+D = 2
+# accepted tokens and priced ms per schedule (step 1 first): values 1000 * (A + 1) / ms
+OUTCOME = {"00": (2, 30.0), "01": (3, 50.0), "10": (4, 40.0), "11": (4, 60.0)}
+VALUE = {s: 1e3 * (a + 1) / ms for s, (a, ms) in OUTCOME.items()}  # 100, 80, 125, 83.3
+
+
+def _bits(sid: int) -> str:
+    return "".join("1" if b else "0" for b in schedule_bits(sid, D))
+
+
+def _signals(prefix: str, start: int) -> list[float]:
+    """Distinct per (start, step, prefix): what the tree looked like before that step."""
+    return [
+        100 * start + 10 * len(prefix) + int(prefix or "0", 2) + j / 100 for j in range(len(SIGNAL_NAMES))
+    ]
+
+
+def _rounds(drop: int | None = None):
+    rows = []
+    for start in (20, 24):
+        for sid in range(2**D):
+            if sid == drop and start == 24:
+                continue
+            bits = _bits(sid)
+            a, ms = OUTCOME[bits]
+            rows.append(
+                {
+                    "report_id": "r",
+                    "pair_id": "p",
+                    "dataset_id": "d",
+                    "prompt_id": 0,
+                    "prompt_tokens": 20,
+                    "start_position": start,
+                    "mid_lag": 7 if start == 24 else 19,
+                    "schedule_id": sid,
+                    "accepted": a,
+                    "verified_nodes": a + 3,
+                    "mid_call_tokens": [5] * bits.count("1"),
+                    "n_small_steps": bits.count("0"),
+                    "round_latency_ms": ms,
+                    "throughput_tok_per_s": VALUE[bits],
+                    "is_round_best": bits == "10",
+                    "signals": [x for k in range(1, D + 1) for x in _signals(bits[: k - 1], start)],
+                }
+            )
+    return to_table(rounds_spec(D), rows)
+
+
+CONTEXT = report_context(
+    pl.DataFrame({"report_id": ["r", "r"], "target_ms": [12.0, 12.0], "mid_ms": [3.0, 3.0]}).with_columns(
+        log_target_mid_ratio=pl.lit(math.log(4.0))
+    ),
+    pl.DataFrame({"report_id": ["r"], "fold_id": [2]}),
+)
+
+
+def test_one_state_per_start_step_and_prefix_with_the_rounds_own_values():
+    states = round_states(_rounds(), CONTEXT, D)
+    assert states.height == 2 * (2**D - 1)
+    row = {
+        (s, k, p): r
+        for s, k, p, r in zip(
+            states["start_position"],
+            states["step"],
+            states["prefix"],
+            states.iter_rows(named=True),
+            strict=True,
+        )
+    }
+    for (start, k, prefix), r in row.items():
+        assert [r[n] for n in SIGNAL_NAMES] == pytest.approx(_signals(prefix, start), rel=1e-6)
+        assert r["log_prompt_tokens"] == math.log1p(20) and r["target_ms"] == 12.0 and r["fold_id"] == 2
+        assert r["step_frac"] == k / D and r["called_step_1"] == float(prefix == "1")
+        lag = 7 if start == 24 else 19
+        assert r["log_mid_lag"] == (0.0 if "1" in prefix else math.log1p(lag))  # a call caught it up
+    first = row[20, 1, ""]
+    assert first["invoke_tok_per_s"] == pytest.approx(max(VALUE["10"], VALUE["11"]))
+    assert first["skip_tok_per_s"] == pytest.approx(max(VALUE["00"], VALUE["01"]))
+    assert first["margin_relative"] == pytest.approx((125 - 100) / 125)
+    after_mid = row[20, 2, "1"]
+    assert after_mid["invoke_tok_per_s"] == pytest.approx(VALUE["11"])
+    assert after_mid["skip_tok_per_s"] == pytest.approx(VALUE["10"])
+    assert after_mid["margin_tok_per_s"] < 0
+
+
+def test_round_walk_reaches_the_schedule_its_decisions_spell():
+    states = round_states(_rounds(), CONTEXT, D)
+    skip = states.with_columns(is_invoke=pl.lit(False))
+    assert round_walk_pct(skip, D) == pytest.approx(100 * VALUE["00"] / VALUE["10"])
+    right = states.with_columns(is_invoke=pl.col("margin_tok_per_s") > 0)
+    assert round_walk_pct(right, D) == pytest.approx(100.0)  # the greedy walk on true margins
+
+
+def test_bad_round_tables_are_refused():
+    with pytest.raises(ValueError, match="schedules, not 4"):
+        round_states(_rounds(drop=1), CONTEXT, D)
+    with pytest.raises(ValueError, match="no canonical states"):
+        round_states(_rounds(), CONTEXT.with_columns(report_id=pl.lit("other")), D)
+    varying = pl.DataFrame(
+        {
+            "report_id": ["r", "r"],
+            "target_ms": [12.0, 13.0],
+            "mid_ms": [3.0, 3.0],
+            "log_target_mid_ratio": [1.0, 1.0],
+        }
+    )
+    with pytest.raises(ValueError, match="target_ms is not one value"):
+        report_context(varying, pl.DataFrame({"report_id": ["r"], "fold_id": [0]}))
+    assert np.isfinite(round_states(_rounds(), CONTEXT, D)["margin_relative"].to_numpy()).all()

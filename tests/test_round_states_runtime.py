@@ -1,0 +1,189 @@
+"""The decoder feeds an exported student exactly the round-level states it was trained on.
+
+A replay collect of tiny zoo-like models writes the round table; features/round_states.py turns it
+into round-level states; a student fitted on them is exported and loaded like the decoder loads
+it; real decoding with it records every 17-dim vector the runtime feeds the MLP. At every round
+start both hold, for every bit prefix the student took there, the vectors must agree in all 17.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+from conftest import noisy_copy, tiny_model
+from test_latency import linear_profile
+
+from collectors.execute import execute_prompt
+from collectors.latency import price_round
+from collectors.records import runtime_for
+from collectors.report import ReportSpec, collect_report
+from config.params import TrainConfig
+from decoder.config import DecodeConfig
+from decoder.generate import generate
+from decoder.models import make_pair
+from decoder.policies import schedule_bits
+from decoder.scheduler import build_manifest, load_scheduler, write_artifact
+from decoder.state import CONTEXT_NAMES, history_names, state_feature_names
+from features.round_states import feature_matrix, report_context, round_states
+from models.cross_fit import StudentSpec, fit_student
+from models.mlp import mlp_arrays
+from models.student import HEAD
+
+DEPTH = 5
+SIGNALS = (
+    "frontier_mean_depth",
+    "frontier_leaf_ratio",
+    "preview_collapse_debt",
+    "preview_history_share",
+    "preview_overlap_ratio",
+    "preview_mean_score",
+)
+FAST = TrainConfig(epochs=20, batch_size=64, lr=0.01, weight_decay=0.0, seed=0)
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        base = [rng.randrange(1, 96) for _ in range(rng.randrange(5, 14))]
+        out.append([*(base * 3)[: rng.randrange(12, 40)], rng.randrange(1, 96)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def collected():
+    target = tiny_model("qwen3", seed=91)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=92), eos_token_ids=(0,))
+    config = DecodeConfig(max_new_tokens=24)
+    profile = linear_profile()
+    prompts = _prompts(3, seed=93)
+    spec = ReportSpec("tiny", "toy", 0, len(prompts))
+    tables = collect_report(spec, pair, prompts, profile, config, "replay", False, round_table_stride=1)
+    folds = pl.DataFrame({"report_id": [spec.report_id], "fold_id": [0]})
+    states = round_states(tables.rounds, report_context(tables.actions, folds), DEPTH)
+    return pair, config, profile, prompts, states, tables.rounds
+
+
+def _export(states: pl.DataFrame, path) -> None:
+    names = state_feature_names(DEPTH, SIGNALS)
+    z, margin = feature_matrix(states, names), states["margin_relative"].to_numpy()
+    spec = StudentSpec("weighted_logistic", (64, 32), FAST, 0.0, nested_threshold=False)
+    st = fit_student(z, margin, np.ones(len(z), dtype=bool), spec)
+    # A threshold at the median score: the student invokes at about half the states, so rounds
+    # mix small and mid steps and the comparison covers prefixes with and without mid calls.
+    threshold = float(np.median(st.score(z)))
+    manifest = build_manifest(
+        kind="student",
+        depth=DEPTH,
+        width=DecodeConfig().tree.width,
+        feature_names=names,
+        input_names=names,
+        x_mean=st.x_std.mean,
+        x_std=st.x_std.std,
+        heads={HEAD: st.module.sizes},
+        y_mean={HEAD: 0.0},
+        y_std={HEAD: 1.0},
+        threshold=threshold,
+        signals=list(SIGNALS),
+    )
+    write_artifact(path, manifest, mlp_arrays(HEAD, st.module.net))
+
+
+def test_runtime_vectors_equal_the_round_states(collected, tmp_path):
+    pair, config, profile, prompts, states, _ = collected
+    _export(states, tmp_path / "student")
+    sched = load_scheduler(tmp_path / "student", DEPTH, config.tree.width)
+    names = state_feature_names(DEPTH, SIGNALS)
+    lag_col = names.index("log_mid_lag")
+    n_context = len(CONTEXT_NAMES) + len(history_names(DEPTH))
+    table = {
+        (p, s, k, prefix): row
+        for p, s, k, prefix, row in zip(
+            states["prompt_id"],
+            states["start_position"],
+            states["step"],
+            states["prefix"],
+            feature_matrix(states, names),
+            strict=True,
+        )
+    }
+    compared, with_mid, later_starts = 0, 0, 0
+    for p_id, prompt in enumerate(prompts):
+        seen: list[tuple[int, tuple[bool, ...], np.ndarray]] = []
+        features = sched.features
+
+        def spy(ctx, features=features, seen=seen):
+            z = features(ctx)
+            seen.append((ctx.step, ctx.history, z))
+            return z
+
+        sched.features = spy  # type: ignore[method-assign]
+        # The runtime context of this prompt: its own length and the pair's profiled timings.
+        res = generate(pair, prompt, sched, config, runtime=runtime_for(profile, len(prompt), config.tree))
+        sched.features = features  # type: ignore[method-assign]
+        assert len(seen) == DEPTH * len(res.rounds)
+        start = len(prompt)
+        for r, rnd in enumerate(res.rounds):
+            for step, history, z in seen[DEPTH * r : DEPTH * (r + 1)]:
+                prefix = "".join("1" if b else "0" for b in history)
+                want = table.get((p_id, start, step, prefix))
+                if want is None:  # a start no fixed schedule's trajectory reaches: not in the table
+                    continue
+                compared += 1
+                later_starts += start != len(prompt)
+                # context (prompt length, timings) and history bits: exactly the same numbers
+                same = [j for j in range(n_context) if j != lag_col]
+                assert z[same].tolist() == want[same].tolist(), (p_id, start, step, prefix)
+                # The lag: online it is this student's own (its mid cache lags by what it skipped);
+                # the table holds one per start, the median over the fixed schedules arriving there
+                # (they arrive with different lags). They agree by construction at the prompt's
+                # first start (nothing has run: the whole context) and once the prefix has called
+                # the mid drafter (caught up: 0).
+                if start == len(prompt) or any(history):
+                    assert z[lag_col] == want[lag_col], (p_id, start, step, prefix)
+                # tree signals: stored as float32 in the round table. Before any mid call this round
+                # both trees are the same n-gram tree: equal after rounding to float32. After one,
+                # the replay scored the tree in one batched mid forward, the decoder incrementally:
+                # equal up to float rounding.
+                got, ref = z[n_context:].astype(np.float32).astype(np.float64), want[n_context:]
+                if any(history):
+                    with_mid += 1
+                    assert got == pytest.approx(ref, rel=1e-5, abs=1e-6), (p_id, start, step, prefix)
+                else:
+                    assert got.tolist() == ref.tolist(), (p_id, start, step, prefix)
+            start += rnd.emitted
+    assert compared >= 3 * DEPTH and with_mid > 0 and later_starts > 0, (compared, with_mid, later_starts)
+
+
+def test_round_table_prices_a_round_as_execute_mode_pays_it_at_that_lag(collected):
+    """Where a fixed schedule's real trajectory passes a round-table start with the lag the table
+    holds there, the table's round latency is that real round's price (catch-up included)."""
+    pair, config, profile, prompts, _, rounds = collected
+    table = {
+        (p, s, sid): (lag, ms)
+        for p, s, sid, lag, ms in zip(
+            *(
+                rounds.column(c).to_pylist()
+                for c in ("prompt_id", "start_position", "schedule_id", "mid_lag")
+            ),
+            rounds.column("round_latency_ms").to_pylist(),
+            strict=True,
+        )
+    }
+    matched = caught_up = 0
+    for sid in (21, 31):  # 10101 and All-Mid: mid calls in every round
+        bits = schedule_bits(sid, DEPTH)
+        for p_id, prompt in enumerate(prompts):
+            records, _ = execute_prompt(pair, prompt, bits, config)
+            start = len(prompt)
+            for rec in records:
+                lag, ms = table.get((p_id, start, sid), (None, None))
+                if lag == rec.mid_lag:
+                    matched += 1
+                    caught_up += rec.mid_catch_up > 0
+                    assert ms == pytest.approx(price_round(profile, rec.counts()), rel=1e-12)
+                start += rec.emitted
+    assert matched >= 4 and caught_up >= 1, (matched, caught_up)
