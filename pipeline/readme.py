@@ -25,6 +25,7 @@ def _read(path: Path) -> str:
 def results_section(params: Params) -> str:
     ev, distill, collect = (resolve(params.evaluate.out_dir), resolve(params.distill.out_dir),
                             resolve(params.collect.out_dir))  # fmt: skip
+    budget = resolve(params.budget.out_dir)
     return "\n\n".join(
         [
             START,
@@ -41,6 +42,11 @@ def results_section(params: Params) -> str:
             _read(ev / "wall.md"),
             gains_line(json.loads(_read(ev / "metrics.json")), "speedup"),
             "![speedup per method and pair](artifacts/evaluate/speedup.png)",
+            "### Verification budget per pair (`budget` stage, collect prompts)",
+            "All-Small and All-Mid replayed exactly under every budget B in 1..63 and priced over AR; "
+            "B* (the better policy's best B) is what `collect` and `evaluate` decode with. SABA: the "
+            "paper's rule, B = c_fixed / c_verify of the fitted cost line.",
+            _read(budget / "budgets.md"),
             "### Ablations under the fixed schedule " + params.evaluate.ablation.schedule,
             _read(ev / "ablations.md"),
             "### Offline: following the student through the enumerated schedules",
