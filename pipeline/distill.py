@@ -237,14 +237,18 @@ def _students(
         ]
         set_spec = scaled_epochs(spec, len(inputs[0].rows(folds).folds), len(folds))
         by_set[name] = cross_fit(inputs, folds, choose, set_spec)
-    winner = max(by_set, key=lambda n: (_walked(by_set[n].decisions, replay, depth), -TRAIN_SETS.index(n)))
+
+    def merit(fit: CrossFit) -> float:  # the walk over round starts where round states are loaded
+        if rs is not None:
+            return _round_walk(fit, rs, depth, fold_signals)
+        return _walked(fit.decisions, replay, depth)
+
+    winner = max(by_set, key=lambda n: (merit(by_set[n]), -TRAIN_SETS.index(n)))
     mse_spec = replace(spec, loss="mse", nested_threshold=False)
     mse = cross_fit(per_fold, folds, None, mse_spec)
-    # auto: the paper's MSE student (canonical states, threshold 0) is exported when its walked OOF
-    # result beats the thresholded one's; chosen on the same OOF rows it reports, so optimistic.
-    export_mse = cfg.loss == "auto" and _walked(mse.decisions, replay, depth) > _walked(
-        by_set[winner].decisions, replay, depth
-    )
+    # auto: the paper's MSE student (canonical states, threshold 0) is exported when its OOF walk
+    # beats the thresholded one's; chosen on the same OOF rows it reports, so optimistic.
+    export_mse = cfg.loss == "auto" and merit(mse) > merit(by_set[winner])
     fits = {"student_oof": mse if export_mse else by_set[winner]}
     fits.update({f"student_{n}_oof": f for n, f in by_set.items() if len(by_set) > 1 or export_mse})
     fits["student_mse_oof"] = mse
@@ -372,27 +376,33 @@ def _train_set_metrics(
     depth: int,
     fold_signals: list[tuple[str, ...]],
 ) -> dict:
-    """Which training states won (out of fold, walked % of best on canonical states) and by how
-    much; with round states, also each set's walk over the round-table starts (% of round best)."""
+    """Which training states won and by how much (out of fold): walked % of best on canonical
+    states, and with round states each set's walk over the round-table starts (% of round best),
+    the MSE student's included; the round walk decides where it exists."""
     summ = summary(results)
     name = {n: (f"student_{n}_oof" if f"student_{n}_oof" in summ else "student_oof") for n in st.by_set}
     pct = {n: summ[name[n]]["mean_pct_of_best"] for n in st.by_set}
-    ranked = sorted(pct, key=pct.get, reverse=True)  # type: ignore[arg-type]
+    walks = {}
+    if rs is not None:
+        walks = {n: _round_walk(f, rs, depth, fold_signals) for n, f in st.by_set.items()}
+        walks["mse"] = _round_walk(st.fits["student_mse_oof"], rs, depth, fold_signals)
+        always = rs.frame.with_columns(pl.lit(False).alias("is_invoke"))
+        walks["all_small"] = round_walk_pct(always, depth)
+    by = "rounds" if rs is not None else "canonical"
+    merit = {n: walks[n] for n in st.by_set} if by == "rounds" else pct
+    ranked = sorted(merit.values(), reverse=True)
     out = {
         "winner": st.train_set,
         "exported_loss": st.loss,
+        "selected_by": by,
         "oof_pct_of_best": pct,
         "fold_thresholds": {n: list(f.thresholds) for n, f in st.by_set.items()},
         "oof_invoke_share": {n: float(np.mean(f.decisions)) for n, f in st.by_set.items()},
-        "margin_over_runner_up_pct": float(pct[ranked[0]] - pct[ranked[1]]) if len(ranked) > 1 else None,
+        "margin_over_runner_up_pct": float(ranked[0] - ranked[1]) if len(ranked) > 1 else None,
         "n_round_states": 0 if rs is None else rs.frame.height,
     }
-    if rs is not None:
-        out["round_walk_pct_of_round_best"] = {
-            n: _round_walk(f, rs, depth, fold_signals) for n, f in st.by_set.items()
-        }
-        always = rs.frame.with_columns(pl.lit(False).alias("is_invoke"))
-        out["round_walk_pct_of_round_best"]["all_small"] = round_walk_pct(always, depth)
+    if walks:
+        out["round_walk_pct_of_round_best"] = walks
     return out
 
 
@@ -455,8 +465,8 @@ def _save(out: Path, student: FittedStudent, params: Params, names: tuple[str, .
 def _train_set_lines(ts: dict) -> list[str]:
     lines = [
         "",
-        f"Training states (out of fold, same folds; exported: **{ts['winner']}**, loss "
-        f"{ts.get('exported_loss', '')}"
+        f"Training states (out of fold, same folds, chosen by the {ts['selected_by']} walk; exported: "
+        f"**{ts['winner']}**, loss {ts['exported_loss']}"
         + (
             f", ahead of the runner-up by {ts['margin_over_runner_up_pct']:.2f} points):"
             if ts["margin_over_runner_up_pct"] is not None
@@ -472,6 +482,8 @@ def _train_set_lines(ts: dict) -> list[str]:
         walk = f"{walks[n]:.1f}%" if n in walks else ""
         thr = ", ".join(f"{t:.2f}" for t in ts["fold_thresholds"][n])
         lines.append(f"| {n} | {pct:.1f}% | {walk} | {100 * ts['oof_invoke_share'][n]:.1f}% | {thr} |")
+    if "mse" in walks:
+        lines.append(f"| MSE + threshold 0, canonical (loss auto's other) | | {walks['mse']:.1f}% | | |")
     if "all_small" in walks:
         lines.append(f"| All-Small (reference) | | {walks['all_small']:.1f}% | 0.0% | |")
     return lines
