@@ -7,7 +7,7 @@ import pytest
 from conftest import noisy_copy, tiny_model
 from test_lossless import EOS, prompts, reference
 from test_sampling import chi2_pvalue_ok
-from test_sampling_e2e import PROMPT, V, exact_joint
+from test_sampling_e2e import check_two_token_joint
 
 from decoder.block_proposers import CausalLMProposer
 from decoder.config import BlockConfig, DecodeConfig
@@ -100,19 +100,4 @@ def test_sampling_over_a_ddtree_walk_keeps_the_two_token_joint():
 
 def test_ddtree_sampling_preserves_the_target_distribution():
     """End to end at temperature > 0, as tests/test_sampling_e2e.py does for the TreeGraft trees."""
-    target = tiny_model("llama", seed=31, vocab=V, logit_scale=1.5)
-    pair = make_pair(target, noisy_copy(target, 0.2, seed=32), eos_token_ids=())
-    temperature = 0.8
-    n = 1500
-    counts = np.zeros(V * V)
-    accepted = 0
-    for seed in range(n):
-        cfg = DecodeConfig(
-            max_new_tokens=2, temperature=temperature, seed=seed, block=BlockConfig(budget=6, topk=3, k=2)
-        )
-        res = generate(pair, PROMPT, "ddtree", cfg)
-        a, b = res.new_tokens
-        counts[a * V + b] += 1
-        accepted += res.rounds[0].accepted
-    assert accepted > n // 4, "drafts were rarely accepted: the test would only check residual draws"
-    assert chi2_pvalue_ok(counts, exact_joint(target, temperature), n)
+    check_two_token_joint("ddtree", block=BlockConfig(budget=6, topk=3, k=2))
