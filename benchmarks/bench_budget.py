@@ -32,7 +32,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,6 +50,7 @@ from collectors.budget_sweep import (
     sweep_pair,
 )
 from collectors.latency import LatencyProfile, load_profile, price_round
+from collectors.plan import tree_config
 from collectors.replay import Replayer, Walk
 from config.params import load_params, resolve
 from decoder.budget import best_budget
@@ -151,7 +152,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     params = load_params(profile=args.overlay)
     names = args.pairs or [n for n in params.profile.pairs if params.pair_paths(n)[0].exists()]
-    tree = TreeConfig(**asdict(params.tree))
+    tree = tree_config(params.tree)
     results = {}
     for name in names:
         t0 = time.perf_counter()
