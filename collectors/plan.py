@@ -14,11 +14,10 @@ the decoder recollects instead of reusing rows the old code computed.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -35,6 +34,7 @@ from collectors.report import (
     specs_for,
     write_report,
 )
+from collectors.source_closure import source_files
 from config.params import ROOT, Params, TreeParams, resolve
 from decoder.config import DecodeConfig, TreeConfig
 
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
 KEY_VERSION = 1  # bump when the meaning of an entry of report_inputs changes
 REPORT_CODE = ("collectors.plan",)  # the modules whose import closure computes a report
-PACKAGES = ("config", "decoder", "features", "collectors", "models", "pipeline")
 
 
 def tree_config(tree: TreeParams) -> TreeConfig:
@@ -211,41 +210,6 @@ def digest_folder(folder: Path) -> str:
         entries = [(p.relative_to(folder).as_posix(), digest_file(p)) for p in files]
         _FOLDERS[stamp] = digest_json(entries)
     return _FOLDERS[stamp]
-
-
-def _module_file(module: str) -> Path | None:
-    if module.split(".")[0] not in PACKAGES:
-        return None
-    base = ROOT.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def _imports(source: str) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
-    return names
-
-
-def source_files(roots: Iterable[str]) -> list[Path]:
-    """The project files the modules ``roots`` can import (package __init__ files included)."""
-    seen: set[Path] = set()
-    todo = list(roots)
-    while todo:
-        parts = todo.pop().split(".")
-        for i in range(1, len(parts) + 1):
-            path = _module_file(".".join(parts[:i]))
-            if path is not None and path not in seen:
-                seen.add(path)
-                todo.extend(_imports(path.read_text(encoding="utf-8")))
-    return sorted(seen)
 
 
 @cache

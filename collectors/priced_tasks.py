@@ -1,4 +1,4 @@
-"""The evaluate stage's priced part as pool tasks: one task per (target, dataset), in plan order.
+"""The evaluate stage's priced part as pool tasks: one task per (target, dataset), costliest first.
 
 Cells whose pairs share a target checkpoint (zoo-l and zoo-lw: target-l) on the same dataset get
 the same prompts' target work (g, its stop, the target's rows), so they form one task with one
@@ -10,6 +10,7 @@ field to computing them one by one in this process.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from collectors.plan import load_registered_pair, pair_tree, profile_for, report_questions
 from collectors.pool import Task, run_tasks
@@ -67,6 +68,32 @@ def target_groups(params: Params, cells: Sequence[Cell]) -> list[list[Cell]]:
     return list(groups.values())
 
 
+def checkpoint_bytes(folder: Path) -> int:
+    """Bytes of a checkpoint folder's files (0 if it is missing): a model's size, for ordering."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+
+
+def longest_first(params: Params, groups: Sequence[Sequence[Cell]]) -> list[int]:
+    """Group indices, the costliest first (checkpoint bytes of each cell's target and mid drafter,
+    summed over its cells; plan order among equals): a pool then ends on short tasks instead of
+    leaving one worker alone with a long one."""
+    size: dict[str, int] = {}
+
+    def cost(group: Sequence[Cell]) -> int:
+        total = 0
+        for pair_id, _ in group:
+            if pair_id not in size:
+                target, mid = params.pair_paths(pair_id)
+                size[pair_id] = checkpoint_bytes(target) + (
+                    checkpoint_bytes(mid) if params.pairs[pair_id].mid else 0
+                )
+            total += size[pair_id]
+        return total
+
+    costs = [cost(g) for g in groups]
+    return sorted(range(len(groups)), key=lambda i: (-costs[i], i))
+
+
 def priced_cells(
     params: Params,
     cells: Sequence[Cell],
@@ -74,9 +101,10 @@ def priced_cells(
     fixed: Mapping[str, str],
     progress: Callable[[int], object] | None = None,
 ) -> dict[Cell, PricedCell]:
-    """Every cell's PricedCell, computed in ``evaluate.workers`` processes; ``progress(n_prompts)``
-    as each group finishes."""
+    """Every cell's PricedCell, computed in ``evaluate.workers`` processes (the costliest groups
+    first), in the order of ``cells``; ``progress(n_prompts)`` as each group finishes."""
     groups = target_groups(params, cells)
+    groups = [groups[i] for i in longest_first(params, groups)]
     tasks = [Task("+".join(f"{p}/{d}" for p, d in g), (params, g, policies, fixed)) for g in groups]
 
     def done(task: Task, result: list[PricedCell]) -> None:

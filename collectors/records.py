@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 
 from collectors.latency import LatencyProfile, RoundCounts, fed_before_calls, price_round
 from decoder.config import TreeConfig
@@ -80,16 +81,24 @@ def trajectory_rows(
     schedule_id: int,
     bits: tuple[bool, ...],
     rounds: list[RoundRecord],
-    n_tokens: int,
-    n_prompts: int,
+    prompt_tokens: list[int],
+    prompt_rounds: list[int],
     profile: LatencyProfile,
     runtime: RuntimeContext,
     mode: str,
 ) -> tuple[dict, list[dict]]:
-    """The trajectory row and its D action rows."""
+    """The trajectory row and its D action rows. ``rounds`` holds the prompts' rounds in order:
+    ``prompt_rounds[i]`` of them, emitting ``prompt_tokens[i]`` tokens, for prompt i."""
+    if sum(prompt_rounds) != len(rounds) or len(prompt_rounds) != len(prompt_tokens):
+        raise ValueError(
+            f"{len(rounds)} rounds, but per-prompt round counts {prompt_rounds} and tokens {prompt_tokens}"
+        )
     depth = len(bits)
+    n_tokens, n_prompts = sum(prompt_tokens), len(prompt_tokens)
     priced = [price_round(profile, r.counts()) for r in rounds]
     total_ms = sum(priced)
+    ends = list(accumulate(prompt_rounds))
+    prompt_ms = [sum(priced[e - n : e]) for n, e in zip(prompt_rounds, ends, strict=True)]
     measured = [r.measured_ms for r in rounds]
     measured_total = sum(measured)
     mean_a = sum(r.accepted for r in rounds) / len(rounds)
@@ -117,6 +126,8 @@ def trajectory_rows(
         "verified_nodes": sum(r.verified_nodes for r in rounds),
         "mid_call_tokens": calls,
         "verified_nodes_per_round": [r.verified_nodes for r in rounds],
+        "prompt_n_tokens": list(prompt_tokens),
+        "prompt_latency_ms": prompt_ms,
         "measured_round_latency_ms": measured_total / len(rounds),
         "measured_throughput_tok_per_s": 1e3 * n_tokens / measured_total if measured_total > 0 else math.nan,
     }

@@ -8,7 +8,10 @@ What is shared: g and the target's top-m log-probs at every position are compute
 (prompt rows by the same prefill as execute mode); the mid drafter's KV of the committed text is
 computed once per prompt and handed to each round start; tree construction is shared between
 schedules with the same prefix (a depth-first walk over the 2^D schedules, branching the tree
-and the mid drafter's per-round state, whose tree-node KV is reused along each branch).
+and the mid drafter's per-round state). The mid drafter forwards each distinct token path of a
+round start once, whichever schedules' trees hold it (collectors/trie_mid.py: a node's mid row
+depends only on the context and its path); every schedule is still charged for all the nodes a
+real decoder would forward for it.
 
 Each schedule's trajectory then walks from start to start (L -> L + A + 1) through the memoised
 outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode.
@@ -21,8 +24,9 @@ from dataclasses import dataclass, field, replace
 
 from transformers import DynamicCache
 
-from collectors.branch_mid import KV, BranchMid, batch_rescore, committed_kv
+from collectors.branch_mid import KV, BranchMid, committed_kv
 from collectors.records import RoundRecord
+from collectors.trie_mid import RoundTrie, TrieBranchMid
 from decoder.config import DecodeConfig
 from decoder.construct import RoundBuilder
 from decoder.generate import generate
@@ -207,11 +211,13 @@ class Replayer:
         needed: set[tuple[bool, ...]] | None = None,
     ) -> list[BranchOutcome | None]:
         """Grow the schedules' trees level by level (all, or only the prefixes of `needed`);
-        the mid steps of one level share a forward. Schedules not grown get None."""
+        the mid steps of one level share a forward of the paths new to the round's trie.
+        Schedules not grown get None."""
         prefixes = None if needed is None else {b[:k] for b in needed for k in range(len(b) + 1)}
         committed = text[:start]
         width = self.config.tree.width
-        level = [Branch((), BuildState(DraftTree(text[start - 1])), BranchMid(TreeScores()), (), ())]
+        level = [Branch((), BuildState(DraftTree(text[start - 1])), TrieBranchMid(TreeScores()), (), ())]
+        trie = None if context is None else RoundTrie(self.pair.mid, self.pair.vocab_size, context, start - 1)
         for k in range(1, self.depth + 1):
             nxt, invoking = [], []
             for b in level:
@@ -223,13 +229,8 @@ class Replayer:
                 if context is not None and (prefixes is None or (*b.bits, True) in prefixes):
                     invoking.append(Branch((*b.bits, True), branch_copy(b.state), b.mid.copy(), b.calls, sig))
             if invoking:
-                batch_rescore(
-                    self.pair.mid,
-                    self.pair.vocab_size,
-                    context,
-                    start - 1,
-                    [(b.state.tree, b.mid) for b in invoking],
-                )
+                assert trie is not None
+                trie.rescore([(b.state.tree, b.mid) for b in invoking])
             for b in invoking:
                 rec = builder.mid_step(b.state, committed, k, b.mid)
                 nxt.append(Branch(b.bits, b.state, b.mid, (*b.calls, rec.mid_tree_tokens), b.signals))

@@ -92,7 +92,8 @@ def collect_report(
     specs = specs_for(depth)
     schedules = [schedule_bits(s, depth) for s in range(2**depth)]
     per_schedule: dict[int, list[RoundRecord]] = {s: [] for s in range(len(schedules))}
-    tokens = dict.fromkeys(per_schedule, 0)
+    tokens: dict[int, list[int]] = {s: [] for s in per_schedule}  # per prompt
+    n_rounds: dict[int, list[int]] = {s: [] for s in per_schedule}  # per prompt
     round_rows: list[dict] = []
     bar = tqdm(
         total=len(prompts) * (len(schedules) if mode == "execute" else 1),
@@ -107,7 +108,8 @@ def collect_report(
             rep = replayer.replay_prompt(prompt)
             for s in per_schedule:
                 per_schedule[s] += rep.rounds[s]
-                tokens[s] += rep.n_tokens[s]
+                tokens[s].append(rep.n_tokens[s])
+                n_rounds[s].append(len(rep.rounds[s]))
             round_rows += _round_rows(spec.key, p_id, len(prompt), rep, profile)
             bar.update()
     else:
@@ -116,14 +118,15 @@ def collect_report(
             for prompt in prompts:
                 recs, n = execute_prompt(pair, prompt, bits, config)
                 per_schedule[s] += recs
-                tokens[s] += n
+                tokens[s].append(n)
+                n_rounds[s].append(len(recs))
                 bar.update()
     bar.close()
     runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), config.tree)
     traj, actions = [], []
     for s, bits in enumerate(schedules):
         t, a = trajectory_rows(
-            spec.key, s, bits, per_schedule[s], tokens[s], len(prompts), profile, runtime, mode
+            spec.key, s, bits, per_schedule[s], tokens[s], n_rounds[s], profile, runtime, mode
         )
         traj.append(t)
         actions += a

@@ -1,11 +1,15 @@
 """The collect stage's closing table: per report, the best fixed schedule against the endpoints,
-and the per-round hindsight oracle from the round-level table (an upper bound for any per-step
-scheduler). Pure functions over the merged tables; the grouping is polars."""
+how stable that choice is under a bootstrap over the report's prompts, and the per-round hindsight
+oracle from the round-level table (an upper bound for any per-step scheduler). Pure functions over
+the merged tables; the grouping is polars."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
+
+BOOTSTRAP_RESAMPLES = 1000
 
 _SID, _TPS, _A = pl.col("schedule_id"), pl.col("throughput_tok_per_s"), pl.col("mean_accepted_length")
 _SMALL, _MID = _SID == 0, _SID.eq(_SID.max())  # All-Small is schedule 0, All-Mid the largest id
@@ -50,34 +54,59 @@ def round_oracle(rounds: pa.Table) -> dict[str, float]:
     return dict(ratios.iter_rows())
 
 
-def summarise(trajectories: pa.Table, rounds: pa.Table) -> tuple[str, dict]:
-    """A markdown table and a metrics dict."""
+def best_stability(
+    trajectories: pa.Table, seed: int, resamples: int = BOOTSTRAP_RESAMPLES
+) -> dict[str, float]:
+    """Per report, the share of bootstrap resamples of its prompts (drawn with replacement) whose
+    fastest schedule (tokens over priced time, summed over the resampled prompts; ties to the
+    smallest id) is the full sample's fastest. 1.0: every resample keeps the same best schedule."""
+    frame = pl.from_arrow(
+        trajectories.select(["report_id", "schedule_id", "prompt_n_tokens", "prompt_latency_ms"])
+    ).sort("report_id", "schedule_id", maintain_order=True)
+    rng = np.random.default_rng(seed)
+    out: dict[str, float] = {}
+    for (report_id,), group in frame.group_by("report_id", maintain_order=True):
+        tokens = np.array(group["prompt_n_tokens"].to_list(), dtype=np.float64)  # [schedules, prompts]
+        ms = np.array(group["prompt_latency_ms"].to_list(), dtype=np.float64)
+        n = tokens.shape[1]
+        weights = rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
+        best = np.argmax((weights @ tokens.T) / (weights @ ms.T), axis=1)  # first max: smallest id
+        full = int(np.argmax(tokens.sum(axis=1) / ms.sum(axis=1)))
+        out[str(report_id)] = float(np.mean(best == full))
+    return out
+
+
+def summarise(trajectories: pa.Table, rounds: pa.Table, seed: int = 0) -> tuple[str, dict]:
+    """A markdown table and a metrics dict; ``seed`` draws the bootstrap over prompts."""
     reports = per_report(trajectories)
     oracle = round_oracle(rounds)
+    stability = best_stability(trajectories, seed)
     lines = [
         "| report | All-Small tok/s (A) | All-Mid tok/s (A) | best schedule | best tok/s (A) "
-        "| best / better end | round oracle |",
-        "|---|---|---|---|---|---|---|",
+        "| best / better end | best kept | round oracle |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in reports.iter_rows(named=True):
         orc = f"{oracle[r['report_id']]:.2f}x" if r["report_id"] in oracle else "-"
         lines.append(
             f"| {r['report_id']} | {_fmt(r, 'small')} | {_fmt(r, 'mid')} | {r['best_schedule']} "
-            f"| {_fmt(r, 'best')} | {r['gain']:.3f}x | {orc} |"
+            f"| {_fmt(r, 'best')} | {r['gain']:.3f}x | {stability[r['report_id']]:.0%} | {orc} |"
         )
     lines.append("")
     lines.append(
         "tok/s are priced with the pair's latency profile; A = mean accepted drafted tokens per round. "
-        "Round oracle: per visited round start, the best schedule's tokens/s over the better "
-        "endpoint's, averaged."
+        f"Best kept: the share of {BOOTSTRAP_RESAMPLES} bootstrap resamples of the report's prompts "
+        "that keep the same best schedule. Round oracle: per visited round start, the best "
+        "schedule's tokens/s over the better endpoint's, averaged."
     )
     metrics = {
         "n_reports": reports.height,
         "n_trajectories": trajectories.num_rows,
         "n_round_outcomes": rounds.num_rows,
         "mean_best_over_better_endpoint": float(reports["gain"].mean()) if reports.height else 0.0,
+        "mean_best_kept": float(np.mean(list(stability.values()))) if stability else 0.0,
         "reports": {
-            r: {"best_schedule": s, "best_over_better_endpoint": g}
+            r: {"best_schedule": s, "best_over_better_endpoint": g, "best_kept": stability[r]}
             for r, s, g in reports.select("report_id", "best_schedule", "gain").iter_rows()
         },
     }

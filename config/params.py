@@ -161,9 +161,9 @@ class PairSpec:
 
 @dataclass(frozen=True)
 class ChunkedModel:
-    """A GGUF file split over registry packages (see models/real_pair.py)."""
+    """A GGUF file split over registry packages (see models/real_pair.py), each wheel pinned."""
 
-    packages: tuple[str, ...]
+    packages: tuple[PinnedPackage, ...]
     sha256: str
     out: str
 
@@ -330,6 +330,43 @@ class EvaluateParams:
 
 
 @dataclass(frozen=True)
+class EdgesParams:
+    """GRAFT's TDES: ``collect_edges`` (greedy DDTree rounds of each block drafter on its pair, every
+    candidate edge labelled) and ``fit_edges`` (the edge scorer, grouped out-of-fold metrics, export).
+
+    ``pairs[i]`` is decoded with the zoo block drafter ``drafters[i]`` on ``prompts_per_dataset``
+    questions of each dataset from collect.prompt_start on (the collect slice). Scorer widths: token
+    projections ``proj``, depth embedding ``depth_dim``, ReLU layer ``hidden``. Loss weights
+    ``lambda_*``; ``pair_margin`` is L_pair's gamma; ``w1`` weighs positives in L_BCE (0: the
+    training part's n_neg / n_pos, class-balanced). Folds are grouped by prompt.
+    """
+
+    collect_dir: str
+    fit_dir: str
+    pairs: tuple[str, ...]
+    drafters: tuple[str, ...]
+    datasets: tuple[str, ...]
+    prompts_per_dataset: int
+    max_new_tokens: int
+    budget: int  # DDTree nodes per recorded round
+    topk: int  # candidates per position
+    proj: int
+    depth_dim: int
+    hidden: int
+    lambda_kl: float
+    lambda_pair: float
+    lambda_bce: float
+    pair_margin: float
+    w1: float
+    epochs: int
+    lr: float
+    weight_decay: float
+    seed: int
+    n_folds: int
+    eval_budgets: tuple[int, ...]  # A at equal budget is replayed at each of these
+
+
+@dataclass(frozen=True)
 class RuntimeParams:
     """How the decoding stages (profile, collect, evaluate) use the machine."""
 
@@ -356,6 +393,7 @@ class Params:
     export: ExportParams
     evaluate: EvaluateParams
     runtime: RuntimeParams
+    edges: EdgesParams
 
     def pair_paths(self, name: str) -> tuple[Path, Path]:
         """Resolved (target, mid) paths of a registered pair."""

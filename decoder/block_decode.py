@@ -4,7 +4,9 @@ Each round the proposer gives per-position marginals for the K positions after t
 the target features the verifier keeps, when its target_layers ask for any), decoder/ddtree.py
 builds the best tree of config.block.budget nodes from them, and the same TargetVerifier as every
 other policy verifies it, greedy or by lossless rejection sampling, and commits. Rounds are
-recorded as RoundStats with no steps; the proposer's time is its "mid" component.
+recorded as RoundStats with no steps; the proposer's time is its "mid" component. With an
+EdgeScorer (GRAFT's TDES, decoder/edge_scorer.py) the tree is ranked by its parent-aware edge scores
+instead of the marginals alone; scoring a round's grid counts as "tree" time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 from decoder.block import BlockProposer
 from decoder.config import DecodeConfig
 from decoder.ddtree import build_ddtree
+from decoder.edge_scorer import EdgeScorer
 from decoder.models import ModelPair
 from decoder.outcome import GenerationResult, Output, RoundStats
 from decoder.timing import make_clock, no_clock, zero_times
@@ -21,7 +24,12 @@ from decoder.verify import TargetVerifier
 
 
 def ddtree_generate(
-    pair: ModelPair, prompt: list[int], proposer: BlockProposer, config: DecodeConfig, timing: bool
+    pair: ModelPair,
+    prompt: list[int],
+    proposer: BlockProposer,
+    config: DecodeConfig,
+    timing: bool,
+    edge_scorer: EdgeScorer | None = None,
 ) -> GenerationResult:
     """Rounds of propose marginals -> DDTree -> verify; proposer time is recorded as 'mid'."""
     wall = make_clock(pair.target.device)
@@ -44,8 +52,13 @@ def ddtree_generate(
             raise ValueError(
                 f"block proposer returned {marginals.k} positions, more than its k = {proposer.k}"
             )
+        edges = (
+            None
+            if edge_scorer is None
+            else edge_scorer.for_round(committed[-1], marginals.ids, marginals.logps)
+        )
         tree = build_ddtree(
-            committed[-1], marginals.ids, marginals.logps, config.block.budget, pair.vocab_size
+            committed[-1], marginals.ids, marginals.logps, config.block.budget, pair.vocab_size, edges
         )
         t2 = clock()
         verdict = verifier.verify(tree, config.temperature, rng)

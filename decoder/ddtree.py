@@ -16,15 +16,28 @@ non-increasing, a prefix never precedes the one that pushes it (its parent if it
 else its previous sibling), so the pops are exactly the first B prefixes in this total order, in
 that order, and the set is prefix-closed. Scores are summed root to leaf in the same order
 everywhere (here, in DraftTree and in a brute force), so equal prefixes get bit-equal floats.
+
+Optional edge scores (GRAFT's TDES, decoder/edge_scorer.py): with ``edge_scores`` given, a child's
+score depends on its parent: edge_scores(d, parent_token, ids[d-1], logps[d-1]) returns the m
+candidates' edge log-scores at depth d under that parent (finite, <= 0), and a prefix scores the
+sum of its edge scores. The same heap stays exact: each parent's children are pushed in its own
+order (by edge score, ties by rank), so "next sibling" is the next in that order, and edge scores
+<= 0 keep every child behind its parent. Prefixes are then keyed by candidate indices and compare
+by (-score, depth, positions in the parents' orders). Without it nothing changes.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Callable
 
 import numpy as np
 
 from decoder.tree import DraftTree
+
+# (depth d, parent token, candidate ids at d (m,), their log marginals (m,)) -> edge log-scores (m,)
+EdgeScores = Callable[[int, int, np.ndarray, np.ndarray], np.ndarray | list[float]]
 
 
 def check_marginals(ids: np.ndarray, logps: np.ndarray, vocab_size: int | None = None) -> None:
@@ -68,21 +81,75 @@ def best_prefixes(logps: np.ndarray, budget: int) -> list[tuple[tuple[int, ...],
     return out
 
 
+def _edge_row(edge_scores: EdgeScores, d: int, parent: int, ids: np.ndarray, logps: np.ndarray):
+    """(edge scores as Python floats, candidate indices best first) of a parent's children at d."""
+    got = edge_scores(d, parent, ids[d - 1], logps[d - 1])
+    row = got.tolist() if isinstance(got, np.ndarray) else [float(x) for x in got]
+    if len(row) != ids.shape[1] or not all(math.isfinite(x) and x <= 0 for x in row):
+        raise ValueError(f"edge_scores at depth {d}: need {ids.shape[1]} finite log-scores <= 0, got {row!r}")
+    order = sorted(range(len(row)), key=lambda r: (-row[r], r))
+    return row, order
+
+
+def best_scored_prefixes(
+    root_token: int, ids: np.ndarray, logps: np.ndarray, budget: int, edge_scores: EdgeScores
+) -> list[tuple[tuple[int, ...], float, float]]:
+    """The best `budget` prefixes of candidate indices under parent-aware edge scores, in pop order,
+    each with (its score, its own edge score); see the module docstring."""
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    k, m = ids.shape
+    out: list[tuple[tuple[int, ...], float, float]] = []
+    if k == 0 or m == 0 or budget == 0:
+        return out
+    rows = {(): _edge_row(edge_scores, 1, int(root_token), ids, logps)}
+    first = rows[()][1][0]
+    # entry: (-score, depth, positions, candidate indices, parent score)
+    heap = [(-rows[()][0][first], 1, (0,), (first,), 0.0)]
+    while heap and len(out) < budget:
+        neg, depth, pos, cand, base = heapq.heappop(heap)
+        row, order = rows[cand[:-1]]
+        out.append((cand, -neg, row[cand[-1]]))
+        if pos[-1] + 1 < m:
+            nxt = order[pos[-1] + 1]
+            entry = (-(base + row[nxt]), depth, (*pos[:-1], pos[-1] + 1), (*cand[:-1], nxt), base)
+            heapq.heappush(heap, entry)
+        if depth < k:
+            rows[cand] = child_row, child_order = _edge_row(
+                edge_scores, depth + 1, int(ids[depth - 1, cand[-1]]), ids, logps
+            )
+            c = child_order[0]
+            heapq.heappush(heap, (-(-neg + child_row[c]), depth + 1, (*pos, 0), (*cand, c), -neg))
+    return out
+
+
 def build_ddtree(
-    root_token: int, ids: np.ndarray, logps: np.ndarray, budget: int, vocab_size: int | None = None
+    root_token: int,
+    ids: np.ndarray,
+    logps: np.ndarray,
+    budget: int,
+    vocab_size: int | None = None,
+    edge_scores: EdgeScores | None = None,
 ) -> DraftTree:
     """The DDTree of `budget` nodes under the root (the last committed token), nodes in pop order.
 
     ids, logps: (K, m) per-position candidates, best first. Node i's edge log-prob is its own
     marginal, so its path score is its prefix score and the verifier and sampler serve it as is.
+    With `edge_scores`, node i's edge log-prob is its edge score instead (module docstring).
     """
     ids = np.asarray(ids)
     logps = np.asarray(logps, dtype=np.float64)
     check_marginals(ids, logps, vocab_size)
     tree = DraftTree(root_token)
     node_of: dict[tuple[int, ...], int] = {(): 0}
-    for ranks, _ in best_prefixes(logps, budget):
+    if edge_scores is None:
+        found = [
+            (ranks, float(logps[len(ranks) - 1, ranks[-1]])) for ranks, _ in best_prefixes(logps, budget)
+        ]
+    else:
+        found = [(c, e) for c, _, e in best_scored_prefixes(root_token, ids, logps, budget, edge_scores)]
+    for ranks, edge in found:
         d, r = len(ranks) - 1, ranks[-1]
-        v, _ = tree.add_child(node_of[ranks[:-1]], int(ids[d, r]), float(logps[d, r]))
+        v, _ = tree.add_child(node_of[ranks[:-1]], int(ids[d, r]), edge)
         node_of[ranks] = v
     return tree

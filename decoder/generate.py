@@ -36,15 +36,16 @@ from decoder.block_proposers import CausalLMProposer
 from decoder.config import DecodeConfig
 from decoder.construct import RoundBuilder
 from decoder.device_rows import TorchRow
+from decoder.edge_scorer import EdgeScorer
 from decoder.mid import MidDrafter
-from decoder.models import ModelPair, context_of
+from decoder.models import ModelPair, check_supported, context_of
 from decoder.ngram import NgramDrafter
 from decoder.outcome import GenerationResult, Output, RoundStats
 from decoder.policies import AR, DDTREE, RuntimeContext, Scheduler, StepContext, parse_policy, uses_mid
 from decoder.sampling import sample_token
 from decoder.tensors import causal_block, forward_block
 from decoder.timing import make_clock, no_clock, zero_times
-from decoder.verify import TargetVerifier
+from decoder.verify import TargetVerifier, Verifier
 
 
 def max_tree_depth(config: DecodeConfig) -> int:
@@ -70,6 +71,8 @@ PROCESSORS = {
     "min_new_tokens": None,
     "exponential_decay_length_penalty": None,
     "forced_decoder_ids": None,
+    "guidance_scale": 1.0,
+    "watermarking_config": None,
 }
 WARPERS = {
     "top_k": 0,
@@ -78,6 +81,7 @@ WARPERS = {
     "typical_p": 1.0,
     "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0,
+    "top_h": None,
 }
 
 
@@ -110,6 +114,7 @@ def check_prompt(pair: ModelPair, prompt_ids: list[int], config: DecodeConfig, p
     if speculative and pair.mid is not None and (policy is None or uses_mid(policy)):
         models.append(("mid drafter", pair.mid))
     for name, model in models:
+        check_supported(model, name)  # also for pairs not built by make_pair
         room = context_of(model)
         if need > room:
             tree = f" + the deepest draft tree ({depth} tokens)" if depth else ""
@@ -136,12 +141,14 @@ def generate(
     runtime: RuntimeContext | None = None,
     timing: bool = True,
     proposer: BlockProposer | None = None,
+    edge_scorer: EdgeScorer | None = None,
 ) -> GenerationResult:
     """Decode with the given policy ('ar', 'ddtree', 'all-small', 'all-mid', '10101' or a scheduler).
 
     timing=False leaves the per-round component times at 0 and reads the (syncing) clock only for
     prefill and wall time, so an accelerator is not synchronised ~20 times per round. `proposer`
     serves 'ddtree'; without one, a CausalLMProposer over the pair's mid drafter stands in.
+    `edge_scorer` (GRAFT's TDES) ranks the 'ddtree' tree by parent-aware edge scores.
     """
     config = config or DecodeConfig()
     parsed = parse_policy(policy, config.tree.depth)
@@ -154,7 +161,9 @@ def generate(
             check_block_prompt(pair, prompt, config, proposer.k, pair.mid)
         else:
             check_block_prompt(pair, prompt, config, proposer.k)
-        return ddtree_generate(pair, prompt, proposer, config, timing)
+        return ddtree_generate(pair, prompt, proposer, config, timing, edge_scorer)
+    if edge_scorer is not None:
+        raise ValueError(f"an edge scorer serves the 'ddtree' policy only, not {policy!r}")
     if uses_mid(parsed) and pair.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter but the pair has none")
     check_prompt(pair, prompt, config, parsed)
@@ -170,13 +179,17 @@ def _speculative(
     config: DecodeConfig,
     runtime: RuntimeContext | None,
     timing: bool = True,
+    verifier: Verifier | None = None,
 ) -> GenerationResult:
+    """The draft-and-verify loop. `verifier` replaces the target's TargetVerifier: only the host-work
+    benchmark (benchmarks/bench_decoder.py) passes one, to run this very loop without forwards."""
     cfg = config.tree
     wall = make_clock(pair.target.device)
     clock = wall if timing else no_clock
     rng = np.random.default_rng(config.seed)
     t_start = wall()
-    verifier = TargetVerifier(pair.target, pair.vocab_size, cfg.topk)
+    if verifier is None:
+        verifier = TargetVerifier(pair.target, pair.vocab_size, cfg.topk)
     ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
     mid = MidDrafter(pair.mid, pair.vocab_size) if pair.mid is not None and uses_mid(scheduler) else None
     builder = RoundBuilder(cfg, ngram, mid, clock)

@@ -59,31 +59,61 @@ class TreeScores:
         self.fed.extend(nodes)
 
     def apply_edges(self, tree: DraftTree) -> None:
-        """Every live node's edge log-prob becomes the mid's; path scores are refreshed."""
-        nodes = [v for v in tree.live_nodes() if v != 0]
-        if not nodes or self.logp is None:
+        """Every live node's edge log-prob becomes the mid's; path scores are refreshed.
+
+        One gather over the flattened rows (flat index row(parent) * V + token), no per-node tensor.
+        """
+        if self.logp is None:
             return
-        rows = torch.tensor([self.row[tree.parents[v]] for v in nodes], device=self.logp.device)
-        cols = torch.tensor([tree.tokens[v] for v in nodes], device=self.logp.device)
-        tree.set_edge_logps(nodes, self.logp[rows, cols].tolist())
+        nodes = [v for v, ok in enumerate(tree.alive) if ok and v]
+        if not nodes:
+            return
+        row, parents, tokens, width = self.row, tree.parents, tree.tokens, self.logp.shape[1]
+        flat = [row[parents[v]] * width + tokens[v] for v in nodes]
+        tree.set_edge_logps(nodes, gather_flat(self.logp, flat))
 
     def top_children(self, nodes: list[int], m: int) -> tuple[list[list[int]], list[list[float]]]:
         """Top-m next tokens and their log-probs after each node (nodes must have been fed)."""
         if not nodes:
             return [], []
         assert self.logp is not None
-        rows = torch.tensor([self.row[v] for v in nodes], device=self.logp.device)
-        vals, ids = torch.topk(self.logp[rows], k=min(m, self.logp.shape[1]), dim=-1)
+        picked = self.logp[[self.row[v] for v in nodes]]
+        vals, ids = torch.topk(picked, k=min(m, self.logp.shape[1]), dim=-1)
         return ids.tolist(), vals.tolist()
 
 
+def gather_flat(rows: torch.Tensor, flat: list[int]) -> list[float]:
+    """rows.view(-1)[flat] as Python floats; a host tensor is read through NumPy (no index tensor)."""
+    if rows.device.type == "cpu" and rows.is_contiguous():
+        return rows.numpy().reshape(-1)[flat].tolist()
+    return rows.reshape(-1)[torch.tensor(flat, dtype=torch.long, device=rows.device)].tolist()
+
+
 def tree_query(tree: DraftTree, fed: list[int], new: list[int], prefix_len: int) -> QueryBlock:
-    """New tree nodes on top of `prefix_len` committed tokens and the already fed tree nodes."""
-    anc = tree.ancestor_mask()
+    """New tree nodes on top of `prefix_len` committed tokens and the already fed tree nodes.
+
+    Node i of `new` sees column j of fed + new iff that node is i or one of its ancestors. Built
+    one tree level at a time (all new nodes step to their parents together): O(depth) array
+    operations, never the whole tree's [n, n] ancestor mask.
+    """
+    cols = fed + new
+    parents = np.asarray(tree.parents, dtype=np.int64)
+    col = np.full(len(parents), -1, dtype=np.int64)
+    col[cols] = np.arange(len(cols), dtype=np.int64)
+    cur = np.asarray(new, dtype=np.int64)
+    visible = np.zeros((len(new), len(cols)), dtype=bool)
+    at = np.arange(len(new))
+    while at.size:
+        c = col[cur]
+        seen = c >= 0
+        visible[at[seen], c[seen]] = True
+        cur = parents[cur]
+        up = cur >= 0
+        at, cur = at[up], cur[up]
     return QueryBlock(
         tokens=[tree.tokens[v] for v in new],
-        positions=prefix_len + np.asarray([tree.depths[v] for v in new], dtype=np.int64),
-        visible=anc[np.ix_(new, fed + new)],
+        positions=prefix_len + np.asarray(tree.depths, dtype=np.int64)[np.asarray(new, dtype=np.int64)],
+        visible=visible,
         prefix_len=prefix_len,
     )
 

@@ -2,12 +2,16 @@
 
 Contract (token ids only, no torch):
 - `NgramIndex` maps every n-gram (n = 1..max_n) of the committed text to the positions where it
-  ends. It is extended incrementally with accepted tokens, never rebuilt.
+  ends, and to its distinct successor tokens, each with the latest position the n-gram ended
+  before it (most recent last). It is extended incrementally with accepted tokens, never rebuilt:
+  O(max_n) per token.
 - `TargetLogpCache` holds, for committed position i, the target's top-m next-token log-probs
   (filled at prefill, refreshed at accepted positions after each verification).
 - `NgramDrafter.propose(suffix)` matches the longest suffix (n <= max_n) of context + draft path and
   returns up to `max_matches` distinct continuations, most recent occurrence first, each a chain of
-  up to `chain_len` tokens copied from the context.
+  up to `chain_len` tokens copied from the context. It reads only those continuations from the
+  successor map, never the (context-long) occurrence lists: O(max_n + max_matches x chain_len) per
+  call, however often the n-gram occurs.
 
 Edge scores: a continuation token t copied from committed position j gets the target's cached
 log-prob of t after position j - 1. When t is outside that cached top-m, it gets the m-th best cached
@@ -19,29 +23,53 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 
 class NgramIndex:
-    """Positions where each n-gram ends, kept up to date as tokens are appended."""
+    """Positions where each n-gram ends and its latest successors, kept up to date on append."""
 
     def __init__(self, max_n: int = 5) -> None:
         self.max_n = max_n
         self.tokens: list[int] = []
         self.table: dict[tuple[int, ...], list[int]] = {}
+        # n-gram -> {successor token: latest end position followed by it}, oldest update first
+        self.successors: dict[tuple[int, ...], dict[int, int]] = {}
+        self._last_keys: list[tuple[int, ...]] = []  # the n-grams ending at the last position
 
     def extend(self, tokens: Sequence[int]) -> None:
         toks = self.tokens
         table = self.table
+        successors = self.successors
         for t in tokens:
-            toks.append(int(t))
+            t = int(t)
             end = len(toks) - 1
-            for n in range(1, min(self.max_n, end + 1) + 1):
-                key = tuple(toks[end - n + 1 : end + 1])
+            for key in self._last_keys:  # the n-grams ending at `end` are now followed by t
+                after = successors.get(key)
+                if after is None:
+                    successors[key] = {t: end}
+                else:
+                    after.pop(t, None)  # re-insert: the dict stays ordered by latest end
+                    after[t] = end
+            toks.append(t)
+            end += 1
+            keys = [tuple(toks[end - n + 1 : end + 1]) for n in range(1, min(self.max_n, end + 1) + 1)]
+            for key in keys:
                 hits = table.get(key)
                 if hits is None:
                     table[key] = [end]
                 else:
                     hits.append(end)
+            self._last_keys = keys
+
+    def latest_continuations(self, suffix: Sequence[int], limit: int) -> list[int]:
+        """End positions of the longest n-gram of `suffix`'s tail that has a successor, one per
+        distinct successor token, most recent first, at most `limit`: O(max_n + limit)."""
+        for n in range(min(self.max_n, len(suffix)), 0, -1):
+            after = self.successors.get(tuple(suffix[-n:]))
+            if after:
+                return list(islice(reversed(after.values()), limit))
+        return []
 
     def longest_match(self, suffix: Sequence[int]) -> list[int]:
         """End positions (ascending) of the longest n-gram of `suffix`'s tail that has a successor."""
@@ -107,26 +135,14 @@ class NgramDrafter:
 
     def propose(self, suffix: Sequence[int], limit: int) -> list[Chain]:
         """At most `limit` chains with distinct first tokens, best first-token score first."""
-        hits = self.index.longest_match(suffix)
-        if not hits:
-            return []
         toks = self.index.tokens
         cache = self.cache
         last = len(toks) - 1
-        seen: set[int] = set()
         chains: list[Chain] = []
-        for end in reversed(hits):
-            if end >= last:
-                continue
-            first = toks[end + 1]
-            if first in seen:
-                continue
-            seen.add(first)
+        for end in self.index.latest_continuations(suffix, self.max_matches):
             stop = min(end + 1 + self.chain_len, last + 1)
             chain = tuple(toks[end + 1 : stop])
             logps = tuple(cache.logp(j - 1, toks[j]) for j in range(end + 1, stop))
             chains.append(Chain(chain, logps))
-            if len(chains) >= self.max_matches:
-                break
         chains.sort(key=lambda c: -c.logps[0])
         return chains[:limit]

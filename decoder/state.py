@@ -82,7 +82,8 @@ def tree_signals(state: BuildState, width: int) -> tuple[float, ...]:
     tree = state.tree
     alive = tree.alive
     frontier = top_w(tree, [v for v in state.newest if alive[v]], width)
-    preview = top_w(tree, [v for v in tree.live_nodes() if v not in state.visited], width)
+    visited = state.visited
+    preview = top_w(tree, [v for v, ok in enumerate(alive) if ok and v not in visited], width)
     f_depth = _mean([tree.depths[v] for v in frontier])
     p_depth = _mean([tree.depths[v] for v in preview])
     f_set = set(frontier)

@@ -211,24 +211,28 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
 def compact_cache(cache: DynamicCache, keep_prefix: int, keep_rows: list[int]) -> None:
     """Keep entries [0, keep_prefix) plus the listed later entries, in that order; drop the rest.
 
-    The kept later rows are gathered with one device index of len(keep_rows) entries and written
-    right after the prefix, then the cache is cropped: O(accepted) work per layer.
+    Rows already in place (the root, and any accepted path that starts with the tree's first
+    nodes) stay; the others are gathered with one device index of at most len(keep_rows) entries,
+    written right after them, and the cache is cropped: O(accepted) work per layer, whatever the
+    context length.
     """
     rows = [r for r in keep_rows if r >= keep_prefix]
     n = len(rows)
-    if rows == list(range(keep_prefix, keep_prefix + n)):
+    first = next((i for i, r in enumerate(rows) if r != keep_prefix + i), n)
+    if first == n:
         crop_cache(cache, keep_prefix + n)
         return
+    moved = rows[first:]
     index: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers:
         if layer.keys is None or layer.keys.numel() == 0:
             continue
         dev = layer.keys.device
         if dev not in index:
-            index[dev] = torch.tensor(rows, dtype=torch.long, device=dev)
+            index[dev] = torch.tensor(moved, dtype=torch.long, device=dev)
         idx = index[dev]
         for name in ("keys", "values"):
             t = getattr(layer, name)
             picked = t.index_select(-2, idx)  # a copy: safe to write over overlapping rows
-            t[..., keep_prefix : keep_prefix + n, :] = picked
+            t[..., keep_prefix + first : keep_prefix + n, :] = picked
             setattr(layer, name, t[..., : keep_prefix + n, :])

@@ -20,6 +20,7 @@ only the top-m rows the n-gram cache needs, reduced a chunk at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -56,6 +57,14 @@ class Verdict:
     accepted: list[int]
     bonus: int
     top: TopLogps
+
+
+class Verifier(Protocol):
+    """What the speculative loop needs from the target side (TargetVerifier is the real one)."""
+
+    def prefill(self, prompt: list[int]) -> TopLogps: ...
+
+    def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict: ...
 
 
 def top_logps(logits: torch.Tensor, m: int, start: int) -> TopLogps:

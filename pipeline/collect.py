@@ -66,7 +66,7 @@ def collect(params: Params) -> dict:
         run_local(params, todo, plan.reports_dir, plan.inputs)
     out = resolve(params.collect.out_dir)
     merged = merge_reports(out, plan.reports_dir, plan.inputs, depth)
-    summary, metrics = summarise(merged["trajectories"], merged["rounds"])
+    summary, metrics = summarise(merged["trajectories"], merged["rounds"], seed=params.collect.seed)
     (out / "summary.md").write_text(summary + "\n")
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(summary)

@@ -102,6 +102,8 @@ def synthetic_tables(
                     "verified_nodes": 20 * 64,
                     "mid_call_tokens": [50] * (20 * calls),
                     "verified_nodes_per_round": [64] * 20,
+                    "prompt_n_tokens": [round(10 * (a + 1))] * 2,
+                    "prompt_latency_ms": [10 * latency] * 2,
                     "measured_round_latency_ms": math.nan,
                     "measured_throughput_tok_per_s": math.nan,
                 }

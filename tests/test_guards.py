@@ -11,7 +11,7 @@ from test_lossless import prompts, reference
 
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import generate, max_tree_depth
-from decoder.models import MASK_ATTENTION, load_causal_lm, make_pair
+from decoder.models import MASK_ATTENTION, ModelPair, load_causal_lm, make_pair
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,7 @@ def test_eager_attention_is_lossless_too(tmp_path):
         ("no_repeat_ngram_size", 3),
         ("suppress_tokens", [5]),
         ("min_new_tokens", 4),
+        ("guidance_scale", 1.5),
     ],
 )
 @pytest.mark.parametrize("side", ["target", "mid"])
@@ -107,6 +108,31 @@ def test_sampling_warpers_are_refused_only_when_sampling():
     # greedy decoding applies no warpers (neither does the model's own greedy generate)
     ref = reference(target, prompt, 16)
     assert generate(p, prompt, "all-small", DecodeConfig(max_new_tokens=16)).new_tokens == ref
+
+
+def test_top_h_warper_is_refused_when_sampling():
+    target = tiny_model("qwen3", seed=30)
+    target.generation_config.top_h = 0.4
+    p = make_pair(target, eos_token_ids=(0,))
+    with pytest.raises(ValueError, match=r"target's generation config sets top_h=0\.4"):
+        generate(p, [1, 2, 3], "all-small", DecodeConfig(max_new_tokens=4, temperature=0.7))
+    assert len(generate(p, [1, 2, 3], "all-small", DecodeConfig(max_new_tokens=4)).new_tokens) == 4
+
+
+@pytest.mark.parametrize("side", ["target", "mid"])
+def test_flash_attention_is_refused_in_pairs_not_built_by_make_pair(side):
+    """A ModelPair assembled by hand (or a model switched after make_pair) is checked by generate."""
+    target = tiny_model("llama", seed=24)
+    mid = noisy_copy(target, 0.3, seed=25)
+    pair = make_pair(target, mid, eos_token_ids=())
+    (target if side == "target" else mid).config._attn_implementation = "flash_attention_2"
+    name = "target" if side == "target" else "mid drafter"
+    with pytest.raises(ValueError, match=rf"{name}: attention implementation 'flash_attention_2'"):
+        generate(pair, [1, 2, 3], "10101", DecodeConfig(max_new_tokens=4))
+    hand_made = ModelPair(target, None, (), pair.vocab_size)
+    if side == "target":
+        with pytest.raises(ValueError, match="does not honour the 4D tree masks"):
+            generate(hand_made, [1, 2, 3], "all-small", DecodeConfig(max_new_tokens=4))
 
 
 def test_accepted_counts_only_emitted_drafted_tokens():

@@ -31,13 +31,28 @@ from collectors.latency import (
     price_round,
     save_profile,
 )
-from collectors.profile_rounds import grown, prefix_tree, random_tree, reference_context, student_like
-from collectors.profiling import Job, fit_small_step, measure_profile, robust_medians
+from collectors.profile_rounds import (
+    Reference,
+    grown,
+    prefix_tree,
+    random_tree,
+    reference_context,
+    student_like,
+)
+from collectors.profiling import (
+    AR_BURST,
+    AR_WARM,
+    Job,
+    ar_burst,
+    fit_small_step,
+    measure_profile,
+    robust_medians,
+)
 from collectors.records import RoundRecord
 from collectors.replay import small_frontier
 from config.params import ProfileParams
 from decoder import files
-from decoder.config import DecodeConfig
+from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
 from pipeline.profile import format_table, run_profile
@@ -500,3 +515,16 @@ def test_small_frontier_read_off_the_tree_equals_the_steps(pair) -> None:
         assert small_frontier(tree, bits, cfg.width, sequential=True) == cfg.depth - sum(bits)
         seen.add(want)
     assert len(seen) > 3  # schedules expand different frontiers
+
+
+def test_ar_job_decodes_what_greedy_ar_decoding_decodes(pair) -> None:
+    """The timed AR steps are real greedy steps after the context: the burst's tokens are
+    autoregressive decoding's, and the reference caches are rewound between jobs."""
+    ctx = reference_context(pair, 33)
+    ref = Reference(pair, ctx, TreeConfig())
+    want = generate(pair, ctx, "ar", DecodeConfig(max_new_tokens=AR_WARM + AR_BURST + 1)).new_tokens
+    for _ in range(2):  # a second burst after a rewind gives the same tokens
+        ref.rewind_target()
+        token = ar_burst(ref, ctx[-1], 0, AR_WARM)
+        assert token == want[AR_WARM - 1]
+        assert ar_burst(ref, token, AR_WARM, AR_BURST) == want[AR_WARM + AR_BURST - 1]

@@ -22,7 +22,7 @@ from collectors import priced_eval
 from collectors.plan import load_registered_pair
 from collectors.pool import Task, TaskError, run_tasks
 from collectors.priced_eval import PricedCell, TargetMemo, priced_cell
-from collectors.priced_tasks import cell_inputs, decode_config, priced_cells, target_groups
+from collectors.priced_tasks import cell_inputs, decode_config, longest_first, priced_cells, target_groups
 from collectors.replay import Replayer
 from config.params import ROOT, Params, load_params
 from decoder.policies import FixedSchedule
@@ -117,6 +117,26 @@ def test_priced_cells_equal_with_two_workers_and_cell_by_cell(workspace, monkeyp
             _same(got, alone)
             assert _priced_rows(got, 200) == _priced_rows(alone, 200)
     assert _priced_rows(local[("tiny", "code")], 200) != _priced_rows(local[("tiny-w", "code")], 200)
+
+
+def test_the_costliest_groups_are_handed_out_first(tmp_path) -> None:
+    pairs = {}
+    for name, n_bytes in (("small", 10), ("mid", 1000), ("big", 3000)):
+        for part, size in (("target", n_bytes), ("mid", 1)):
+            (tmp_path / name / part).mkdir(parents=True)
+            (tmp_path / name / part / "model.safetensors").write_bytes(b"x" * size)
+        pairs[name] = {"target": str(tmp_path / name / "target"), "mid": str(tmp_path / name / "mid"),
+                       "dtype": "float32", "device": "cpu", "template": "zoo"}  # fmt: skip
+    params = load_params(profile="smoke", overrides={"pairs": pairs})
+    groups = [
+        [("small", "a")],
+        [("mid", "a")],
+        [("big", "a")],
+        [("small", "b"), ("small", "c")],
+        [("mid", "b")],
+    ]
+    # bytes 11, 1001, 3001, 22, 1001: the largest first, plan order between the two equal ones
+    assert longest_first(params, groups) == [2, 1, 4, 3, 0]
 
 
 def test_a_memo_refuses_another_target(workspace) -> None:

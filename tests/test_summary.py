@@ -1,14 +1,18 @@
-"""The collect stage's summary: best schedule per report against the better endpoint, round oracle."""
+"""The collect stage's summary: best schedule per report against the better endpoint, its
+stability under a bootstrap over prompts, round oracle."""
 
 from __future__ import annotations
+
+import itertools
 
 import pyarrow as pa
 import pytest
 
-from collectors.summary import per_report, round_oracle, summarise
+from collectors.summary import best_stability, per_report, round_oracle, summarise
 
 
 def _trajectories(rows: list[tuple[str, int, float, float]]) -> pa.Table:
+    """Two identical prompts per trajectory, 10 tokens each, priced to the row's tokens/s."""
     return pa.table(
         {
             "report_id": [r[0] for r in rows],
@@ -16,8 +20,41 @@ def _trajectories(rows: list[tuple[str, int, float, float]]) -> pa.Table:
             "schedule": [format(r[1], "02b") for r in rows],
             "throughput_tok_per_s": [r[2] for r in rows],
             "mean_accepted_length": [r[3] for r in rows],
+            "prompt_n_tokens": [[10, 10] for _ in rows],
+            "prompt_latency_ms": [[1e4 / r[2]] * 2 for r in rows],
         }
     )
+
+
+def _per_prompt(report: str, tokens: list[list[int]], ms: list[list[float]]) -> pa.Table:
+    return pa.table(
+        {
+            "report_id": [report] * len(tokens),
+            "schedule_id": pa.array(range(len(tokens)), pa.int16()),
+            "prompt_n_tokens": tokens,
+            "prompt_latency_ms": ms,
+        }
+    )
+
+
+def test_best_schedule_kept_by_every_resample_when_it_wins_on_every_prompt():
+    table = _per_prompt("r", [[10, 20, 30], [12, 25, 31]], [[5.0, 9.0, 7.0], [5.0, 9.0, 7.0]])
+    assert best_stability(table, seed=0) == {"r": 1.0}
+
+
+def test_best_schedule_stability_matches_exact_enumeration_of_resamples():
+    # schedule 1 wins big on prompt 0 and loses a little on prompts 1 and 2
+    tokens = [[10, 10, 10], [30, 9, 9]]
+    ms = [[10.0, 10.0, 10.0], [10.0, 10.0, 10.0]]
+    full = 1  # 48 / 30 > 30 / 30
+    wins = 0
+    for draw in itertools.product(range(3), repeat=3):  # 27 equally likely resamples
+        tps = [sum(tokens[s][i] for i in draw) / sum(ms[s][i] for i in draw) for s in (0, 1)]
+        wins += (0 if tps[0] >= tps[1] else 1) == full
+    exact = wins / 27
+    assert 0.2 < exact < 0.8
+    got = best_stability(_per_prompt("r", tokens, ms), seed=3, resamples=20000)["r"]
+    assert got == pytest.approx(exact, abs=0.015)
 
 
 def _rounds(rows: list[tuple[str, int, int, int, float]]) -> pa.Table:
@@ -59,8 +96,12 @@ def test_round_oracle_is_the_mean_over_round_starts():
 def test_summary_lines_and_metrics():
     rounds = _rounds([("a", 0, 0, 0, 10.0), ("a", 0, 0, 1, 30.0)])  # schedule 1 is the largest id here
     text, metrics = summarise(TRAJ, rounds)
-    assert "| b | 50.0 (1.00) | 40.0 (3.00) | 01 | 60.0 (2.00) | 1.200x | - |" in text
-    assert "| a | 30.0 (1.00) | 20.0 (2.00) | 00 | 30.0 (1.00) | 1.000x | 1.00x |" in text
+    assert "| b | 50.0 (1.00) | 40.0 (3.00) | 01 | 60.0 (2.00) | 1.200x | 100% | - |" in text
+    assert "| a | 30.0 (1.00) | 20.0 (2.00) | 00 | 30.0 (1.00) | 1.000x | 100% | 1.00x |" in text
     assert metrics["n_reports"] == 2 and metrics["n_trajectories"] == 6 and metrics["n_round_outcomes"] == 2
     assert metrics["mean_best_over_better_endpoint"] == pytest.approx(1.1)
-    assert metrics["reports"]["b"] == {"best_schedule": "01", "best_over_better_endpoint": pytest.approx(1.2)}
+    assert metrics["reports"]["b"] == {
+        "best_schedule": "01",
+        "best_over_better_endpoint": pytest.approx(1.2),
+        "best_kept": 1.0,
+    }

@@ -1,0 +1,148 @@
+"""What one mid-drafter call costs next to a plain KV-cached forward of the same tokens, side by side.
+
+Usage (after the zoo stage: artifacts/zoo/<mid>/ exist):
+    .venv/bin/python benchmarks/bench_mid.py [--pairs zoo-m zoo-chat-m zoo-l] [--sizes 1 8 32 100]
+        [--context 256] [--repeats 30] [--out artifacts/bench/mid.json]
+
+For each registered pair's mid model (loaded as decoder.models.load_pair loads it) and each n, on
+a cache of --context committed tokens (Python standard library source, tokenized), three calls
+run interleaved --repeats times each, in a rotating order:
+- plain: the model's own forward of n committed tokens (causal, logits_to_keep=n), as generate runs it;
+- rescore: MidDrafter.rescore of a draft tree whose n nodes (root included) it has not seen yet;
+- mid_step: RoundBuilder.mid_step on that tree (rescore, top-W frontier, top-m children, grafting).
+Each call starts from the same cache (cropped back afterwards, outside the timed part). Times are
+thread CPU time with torch.set_num_threads(1), so the other jobs on this machine do not enter;
+the report gives medians in ms and the ratios rescore/plain and mid_step/plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer, DynamicCache
+
+from config.params import load_params
+from decoder.config import TreeConfig
+from decoder.construct import RoundBuilder
+from decoder.mid import MidDrafter, TreeScores
+from decoder.models import load_causal_lm
+from decoder.ngram import NgramDrafter
+from decoder.policies import BuildState
+from decoder.tensors import causal_block, crop_cache, forward_block
+from decoder.tree import DraftTree
+
+PAIRS = ("zoo-m", "zoo-chat-m", "zoo-l")
+
+
+def context_tokens(tokenizer, length: int) -> list[int]:
+    """`length` tokens of real text: this Python's standard library source."""
+    text = inspect.getsource(argparse)[: 40 * length]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < length:
+        raise ValueError(f"the stdlib text gives {len(ids)} tokens, fewer than --context {length}")
+    return list(ids[:length])
+
+
+def random_tree(root: int, n: int, vocab: int, rng: np.random.Generator) -> DraftTree:
+    """A draft tree of n nodes (root included): each node under a random earlier one."""
+    tree = DraftTree(root)
+    while len(tree) < n:
+        parent = int(rng.integers(0, len(tree)))
+        tree.add_child(parent, int(rng.integers(0, vocab)), float(-rng.exponential()))
+    return tree
+
+
+def plain_forward(model, cache: DynamicCache, tokens: list[int]) -> None:
+    ids = torch.tensor([tokens], dtype=torch.long, device=model.device)
+    with torch.inference_mode():
+        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=len(tokens))
+
+
+def bench_mid(model, tokenizer, sizes: list[int], context: int, repeats: int) -> dict[str, dict]:
+    vocab = model.config.vocab_size
+    ctx = context_tokens(tokenizer, context + 1)  # the last one is the round's root
+    mid = MidDrafter(model, vocab)
+    forward_block(model, mid.cache, causal_block(ctx[:-1], 0, 0), logits_to_keep=1)
+    mid.n_committed = context
+    builder = RoundBuilder(TreeConfig(), NgramDrafter(), mid, time.perf_counter)
+    rng = np.random.default_rng(0)
+    result = {}
+    for n in sizes:
+        tree = random_tree(ctx[-1], n, vocab, rng)
+        extra = [int(t) for t in rng.integers(0, vocab, size=n)]
+
+        # each call: (setup, timed part); the setup (a fresh copy of the tree) is not timed
+        calls = {
+            "plain": (lambda: extra, lambda t: plain_forward(model, mid.cache, t)),
+            "rescore": (tree.copy, lambda t: mid.rescore(t, ctx)),
+            "mid_step": (lambda: BuildState(tree=tree.copy()), lambda s: builder.mid_step(s, ctx, 1)),
+        }
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        names = list(calls)
+        for r in range(repeats + 1):  # the first pass warms up and is dropped
+            for name in names[r % 3 :] + names[: r % 3]:
+                setup, call = calls[name]
+                arg = setup()
+                t0 = time.thread_time()
+                call(arg)
+                dt = time.thread_time() - t0
+                crop_cache(mid.cache, context)
+                mid.scores = TreeScores()
+                if r:
+                    times[name].append(dt)
+        med = {name: 1e3 * float(np.median(ts)) for name, ts in times.items()}
+        result[str(n)] = {
+            **{f"{name}_ms": ms for name, ms in med.items()},
+            "rescore_ratio": med["rescore"] / med["plain"],
+            "mid_step_ratio": med["mid_step"] / med["plain"],
+        }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", nargs="+", default=list(PAIRS))
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 100])
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--out", default="artifacts/bench/mid.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    params = load_params()
+    result = {}
+    print("| pair | mid | n | plain ms | rescore ms | mid_step ms | rescore/plain | mid_step/plain |")
+    print("|---|---|---|---|---|---|---|---|")
+    for pair in args.pairs:
+        _, mid_path = params.pair_paths(pair)
+        if mid_path is None:
+            raise ValueError(f"pair {pair!r} has no mid model")
+        spec = params.pairs[pair]
+        model = load_causal_lm(mid_path, spec.dtype, spec.device)
+        tokenizer = AutoTokenizer.from_pretrained(mid_path, local_files_only=True)
+        rows = bench_mid(model, tokenizer, args.sizes, args.context, args.repeats)
+        result[pair] = {"mid": str(mid_path), "context": args.context, "sizes": rows}
+        for n, r in rows.items():
+            print(
+                f"| {pair} | {Path(mid_path).name} | {n} | {r['plain_ms']:.3f} | {r['rescore_ms']:.3f} | "
+                f"{r['mid_step_ms']:.3f} | {r['rescore_ratio']:.2f} | {r['mid_step_ratio']:.2f} |"
+            )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The two tables of the collect_edges stage (GRAFT's TDES training data), declared once.
+
+``edge_rounds``: one row per recorded DDTree round: the block drafter's per-position candidates
+(K x m token ids and log-probs, flattened row-major: position d = 1..K is row d - 1) and the
+target's greedy continuation after the root (K tokens), enough to rebuild and replay the round's
+tree under any budget and any edge score.
+
+``edges``: one row per candidate edge of a round's DDTree: every node of the tree above the last
+depth is a parent, every one of the m candidates at the next depth a child. ``is_target`` is the
+label: the parent lies on the target's accepted path and the child is the target's greedy next
+token after it. ``target_logit`` is the target's logit of the child after the parent, for accepted
+parents only (null elsewhere): a (round, depth) group of those rows is the sibling set of L_KL.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from features.tables import TableSpec
+
+EDGES_VERSION = "v1"
+_KEYS = (
+    ("pair_id", pa.string()),
+    ("drafter_id", pa.string()),
+    ("dataset_id", pa.string()),
+    ("prompt_id", pa.int32()),
+    ("round_id", pa.int32()),
+)
+
+EDGE_ROUNDS = TableSpec(
+    "edge_rounds",
+    EDGES_VERSION,
+    (
+        *_KEYS,
+        ("root_token", pa.int32()),
+        ("start_position", pa.int32()),
+        ("k", pa.int16()),
+        ("m", pa.int16()),
+        ("accepted", pa.int16()),
+        ("cand_ids", pa.list_(pa.int32())),
+        ("cand_logps", pa.list_(pa.float64())),
+        ("greedy_ids", pa.list_(pa.int32())),
+    ),
+)
+
+EDGES = TableSpec(
+    "edges",
+    EDGES_VERSION,
+    (
+        *_KEYS,
+        ("depth", pa.int16()),
+        ("parent_node", pa.int16()),
+        ("parent_token", pa.int32()),
+        ("child_token", pa.int32()),
+        ("child_rank", pa.int16()),
+        ("logq", pa.float64()),
+        ("is_in_tree", pa.bool_()),
+        ("is_accepted_parent", pa.bool_()),
+        ("is_target", pa.bool_()),
+        ("target_logit", pa.float64()),
+    ),
+)
