@@ -5,10 +5,11 @@ Usage (after the zoo stage: artifacts/zoo/<mid>/ exist):
         [--context 256] [--repeats 30] [--out artifacts/bench/mid.json]
 
 For each registered pair's mid model (loaded as decoder.models.load_pair loads it) and each n, on
-a cache of --context committed tokens (Python standard library source, tokenized), three calls
+a cache of --context committed tokens (Python standard library source, tokenized), four calls
 run interleaved --repeats times each, in a rotating order:
 - plain: the model's own forward of n committed tokens (causal, logits_to_keep=n), as generate runs it;
 - rescore: MidDrafter.rescore of a draft tree whose n nodes (root included) it has not seen yet;
+- top_children: MidDrafter.top_children of the top-W frontier of that rescored tree (part of mid_step);
 - mid_step: RoundBuilder.mid_step on that tree (rescore, top-W frontier, top-m children, grafting).
 Each call starts from the same cache (cropped back afterwards, outside the timed part). Times are
 thread CPU time with torch.set_num_threads(1), so the other jobs on this machine do not enter;
@@ -40,7 +41,7 @@ from decoder.models import load_causal_lm
 from decoder.ngram import NgramDrafter
 from decoder.policies import BuildState
 from decoder.tensors import causal_block, crop_cache, forward_block
-from decoder.tree import DraftTree
+from decoder.tree import DraftTree, top_w
 
 PAIRS = ("zoo-m", "zoo-chat-m", "zoo-l")
 
@@ -69,6 +70,42 @@ def plain_forward(model, cache: DynamicCache, tokens: list[int]) -> None:
         model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=len(tokens))
 
 
+def calls_for(mid: MidDrafter, builder: RoundBuilder, tree: DraftTree, ctx: list[int], extra: list[int]):
+    """name -> (setup, timed call); the setup (a fresh tree copy, a rescore) is not timed."""
+    width, m = builder.config.width, builder.config.topk
+
+    def rescored() -> list[int]:
+        t = tree.copy()
+        mid.rescore(t, ctx)
+        return top_w(t, t.live_nodes(), width)
+
+    return {
+        "plain": (lambda: extra, lambda t: plain_forward(mid.model, mid.cache, t)),
+        "rescore": (tree.copy, lambda t: mid.rescore(t, ctx)),
+        "top_children": (rescored, lambda frontier: mid.top_children(frontier, m)),
+        "mid_step": (lambda: BuildState(tree=tree.copy()), lambda s: builder.mid_step(s, ctx, 1)),
+    }
+
+
+def time_calls(calls: dict, repeats: int, mid: MidDrafter, context: int) -> dict[str, list[float]]:
+    """Thread CPU seconds of each call, interleaved in a rotating order; the cache is cropped back
+    to `context` entries and the round's rows dropped after each call."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for r in range(repeats + 1):  # the first pass warms up and is dropped
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            setup, call = calls[name]
+            arg = setup()
+            t0 = time.thread_time()
+            call(arg)
+            dt = time.thread_time() - t0
+            crop_cache(mid.cache, context)
+            mid.scores = TreeScores()
+            if r:
+                times[name].append(dt)
+    return times
+
+
 def bench_mid(model, tokenizer, sizes: list[int], context: int, repeats: int) -> dict[str, dict]:
     vocab = model.config.vocab_size
     ctx = context_tokens(tokenizer, context + 1)  # the last one is the round's root
@@ -81,26 +118,7 @@ def bench_mid(model, tokenizer, sizes: list[int], context: int, repeats: int) ->
     for n in sizes:
         tree = random_tree(ctx[-1], n, vocab, rng)
         extra = [int(t) for t in rng.integers(0, vocab, size=n)]
-
-        # each call: (setup, timed part); the setup (a fresh copy of the tree) is not timed
-        calls = {
-            "plain": (lambda: extra, lambda t: plain_forward(model, mid.cache, t)),
-            "rescore": (tree.copy, lambda t: mid.rescore(t, ctx)),
-            "mid_step": (lambda: BuildState(tree=tree.copy()), lambda s: builder.mid_step(s, ctx, 1)),
-        }
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        names = list(calls)
-        for r in range(repeats + 1):  # the first pass warms up and is dropped
-            for name in names[r % 3 :] + names[: r % 3]:
-                setup, call = calls[name]
-                arg = setup()
-                t0 = time.thread_time()
-                call(arg)
-                dt = time.thread_time() - t0
-                crop_cache(mid.cache, context)
-                mid.scores = TreeScores()
-                if r:
-                    times[name].append(dt)
+        times = time_calls(calls_for(mid, builder, tree, ctx, extra), repeats, mid, context)
         med = {name: 1e3 * float(np.median(ts)) for name, ts in times.items()}
         result[str(n)] = {
             **{f"{name}_ms": ms for name, ms in med.items()},
@@ -121,8 +139,9 @@ def main() -> None:
     torch.set_num_threads(1)
     params = load_params()
     result = {}
-    print("| pair | mid | n | plain ms | rescore ms | mid_step ms | rescore/plain | mid_step/plain |")
-    print("|---|---|---|---|---|---|---|---|")
+    cols = ("plain ms", "rescore ms", "top_children ms", "mid_step ms", "rescore/plain", "mid_step/plain")
+    print("| pair | mid | n | " + " | ".join(cols) + " |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for pair in args.pairs:
         _, mid_path = params.pair_paths(pair)
         if mid_path is None:
@@ -135,7 +154,8 @@ def main() -> None:
         for n, r in rows.items():
             print(
                 f"| {pair} | {Path(mid_path).name} | {n} | {r['plain_ms']:.3f} | {r['rescore_ms']:.3f} | "
-                f"{r['mid_step_ms']:.3f} | {r['rescore_ratio']:.2f} | {r['mid_step_ratio']:.2f} |"
+                f"{r['top_children_ms']:.3f} | {r['mid_step_ms']:.3f} | {r['rescore_ratio']:.2f} | "
+                f"{r['mid_step_ratio']:.2f} |"
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ Contract (temperature 0):
   gives the accepted length under every B <= b_max (decoder.budget.budget_sweep: DDTree's pops at
   B are the first B pops at b_max). Walking L -> L + A_B + 1 from the prompt's end is then the
   round sequence of decoding at B, which :func:`decode_arm` at the same B must reproduce
-  (the stage records the agreement; tests/test_graft_eval.py checks it).
+  (the stage records the agreement; tests/test_graft_eval.py checks it). With a TDES scorer the
+  same holds: the edge-scored heap also pops in node order and prune(B) keeps its first B pops.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from collectors.edges import RecordingProposer, accepted_path, tree_match
-from decoder.block import BlockProposer
+from decoder.block import BlockProposer, Marginals
 from decoder.budget import budget_sweep
 from decoder.config import BlockConfig, DecodeConfig
 from decoder.ddtree import build_ddtree
@@ -126,18 +127,26 @@ def walk_budgets(
     b_max: int,
     topk: int,
     vocab_size: int,
+    scorer: EdgeScorer | None = None,
+    proposals: dict[int, Marginals] | None = None,
 ) -> Walk:
-    """The round sequences of greedy DDTree decoding at every B in 1..b_max (module docstring)."""
+    """The round sequences of greedy DDTree decoding at every B in 1..b_max (module docstring), the
+    trees ranked by TDES with ``scorer``. ``proposals`` (start position -> the drafter's marginals
+    there) is read and filled, so a second walk of the same output need not run the drafter again."""
     sequence = list(prompt) + list(tokens)
     end = len(sequence)
     sweeps: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
+    proposals = {} if proposals is None else proposals
 
     def at_start(n: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
         if n not in sweeps:
             committed = sequence[:n]
-            feats = features[: n - 1] if proposer.target_layers else None
-            marg = proposer.propose(feats, committed, topk)
-            tree = build_ddtree(committed[-1], marg.ids, marg.logps, b_max, vocab_size)
+            if n not in proposals:
+                feats = features[: n - 1] if proposer.target_layers else None
+                proposals[n] = proposer.propose(feats, committed, topk)
+            marg = proposals[n]
+            edges = None if scorer is None else scorer.for_round(committed[-1], marg.ids, marg.logps)
+            tree = build_ddtree(committed[-1], marg.ids, marg.logps, b_max, vocab_size, edges)
             greedy = sequence[n : n + marg.k]
             path = accepted_path(tree, greedy)[1:]
             sweep = budget_sweep(tree, path, b_max)

@@ -19,6 +19,8 @@ ROWS = (
     ("tdes", "DDTree + TDES, fixed B"),
     ("saba", "DDTree + SABA"),
     ("graft", "DDTree + TDES + SABA (GRAFT)"),
+    ("learned", "DDTree + learned B"),
+    ("graft_learned", "DDTree + TDES + learned B (GRAFT, learned budget)"),
 )
 
 

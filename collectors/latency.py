@@ -254,13 +254,14 @@ class RoundCounts:
 
 
 def counts_from_round(stats: RoundStats) -> RoundCounts:
-    """Counts of a decoder round: one decision per step, +1 node for the root (verified and tree)."""
+    """Counts of a decoder round: the decisions its scheduler took (one per step unless it skipped
+    the rest of a round without deciding), +1 node for the root (verified and tree)."""
     mids = [s for s in stats.steps if s.used_mid]
     return RoundCounts(
         verified_nodes=stats.verified_size + 1,
         mid_call_tokens=tuple(s.mid_catch_up + s.mid_tree_tokens for s in mids),
         small_steps=len(stats.steps) - len(mids),
-        decisions=len(stats.steps),
+        decisions=sum(s.decided for s in stats.steps),
         mid_call_fed=fed_before_calls([s.mid_tree_tokens for s in mids]),
         tree_nodes=stats.tree_size + 1,
         small_frontier=sum(s.frontier_size for s in stats.steps if not s.used_mid),

@@ -5,7 +5,7 @@ continuation g, and a round from L committed tokens accepts the longest path of 
 that spells g[L:]. The scheduler is asked before each step with the StepContext that
 ``decoder.construct.RoundBuilder.build`` would give it (same tree, same history, same runtime
 facts), so it makes the decisions it makes in ``generate``, and the counts (verified nodes, mid call
-tokens, catch-up, small steps, decisions) are execute mode's. tests/test_policy_replay.py checks
+tokens, catch-up, small steps, decisions taken) are execute mode's. tests/test_policy_replay.py checks
 this against ``generate`` round by round.
 
 What is shared with the all-schedules replay: the continuation g and the target's rows (one
@@ -22,7 +22,7 @@ from collectors.records import RoundRecord
 from collectors.replay import Branch, Replayer, ReplayInputs, Walk
 from decoder.construct import RoundBuilder
 from decoder.mid import TreeScores
-from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext
+from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext, decision_taken
 from decoder.state import tree_signals
 from decoder.tree import DraftTree
 
@@ -49,9 +49,11 @@ def replay_policy(
         committed = text[:start]
         b = Branch((), BuildState(DraftTree(text[start - 1])), BranchMid(TreeScores()), (), ())
         lag = (start - 1) - walk.mid_committed  # what generate's RoundBuilder.mid_lag gives
+        decisions = 0
         for k in range(1, depth + 1):
             signals = (*b.signals, tree_signals(b.state, cfg.width))
             use_mid = bool(policy(StepContext(k, depth, b.bits, b.state, runtime, lag)))
+            decisions += decision_taken(policy)
             if use_mid:
                 if inputs.mid_kv is None:
                     raise ValueError("the policy calls the mid drafter but the pair has none")
@@ -62,7 +64,7 @@ def replay_policy(
             else:
                 builder.small_step(b.state, committed, k)
                 b = Branch((*b.bits, False), b.state, b.mid, b.calls, signals)
-        nxt = walk.advance(replayer.finish(b, text, start), start, inputs.limit, b.bits)
+        nxt = walk.advance(replayer.finish(b, text, start), start, inputs.limit, b.bits, decisions)
         bits.append(b.bits)
         if nxt is None:
             return PolicyTrajectory(walk.rounds, walk.emitted, bits)

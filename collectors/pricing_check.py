@@ -6,7 +6,7 @@ alike. A fixed schedule (a bit string such as "10101", or "all-small" / "all-mid
 mode (collectors.execute.execute_prompt): its measured round latency leaves out the signal
 recording, and it is priced without decisions, as a fixed schedule decides nothing at run time. A
 scheduler callable runs through `generate` with the runtime context: its measured round latency
-includes its decisions, and it is priced with one decision per step. Measured = the sum of the
+includes its decisions, and it is priced with the decisions it took. Measured = the sum of the
 round's component times (decoder.generate), priced = collectors.latency.price_round of its counts.
 On a shared machine the wall clock also counts time the core spent on other processes, which a
 profile taken by CPU time (collectors.profiling.profile_clock) leaves out; so each row also has

@@ -37,6 +37,7 @@ class RoundRecord:
     tree_nodes: int = 0  # live tree nodes before the prune, root included (0: unknown, priced as verified)
     small_frontier: int | None = None  # frontier nodes the small steps expanded in all (None: unknown)
     mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
+    decisions: int | None = None  # scheduler decisions taken (None: one per step)
 
     @property
     def mid_call_tokens(self) -> tuple[int, ...]:
@@ -49,7 +50,7 @@ class RoundRecord:
             verified_nodes=self.verified_nodes,
             mid_call_tokens=self.mid_call_tokens,
             small_steps=self.small_steps,
-            decisions=len(self.signals),
+            decisions=len(self.signals) if self.decisions is None else self.decisions,
             mid_call_fed=fed_before_calls(self.mid_tree_tokens),
             tree_nodes=self.tree_nodes or None,
             small_frontier=self.small_frontier,

@@ -281,7 +281,15 @@ class Walk:
         """Committed tokens (root excluded) the mid drafter's cache lacks at round start `start`."""
         return (start - 1) - self.mid_committed
 
-    def advance(self, o: BranchOutcome, start: int, limit: int, bits: tuple[bool, ...]) -> int | None:
+    def advance(
+        self,
+        o: BranchOutcome,
+        start: int,
+        limit: int,
+        bits: tuple[bool, ...],
+        decisions: int | None = None,
+    ) -> int | None:
+        """Record the round (``decisions``: the scheduler's, when it took fewer than one per step)."""
         take = min(o.accepted + 1, limit - self.emitted)
         catch_up, lag = 0, self.lag_at(start)
         if o.mid_tree_tokens:
@@ -299,6 +307,7 @@ class Walk:
                 tree_nodes=o.tree_nodes,
                 small_frontier=o.small_frontier,
                 mid_lag=lag,
+                decisions=decisions,
             )
         )
         self.emitted += take

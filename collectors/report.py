@@ -164,6 +164,7 @@ def _round_rows(
                     "mid_call_tokens": list(o.mid_tree_tokens),
                     "n_small_steps": depth - len(o.mid_tree_tokens),
                     "round_latency_ms": ms[s],
+                    "decision_ms": profile.decision_ms,
                     "throughput_tok_per_s": tps[s],
                     "is_round_best": s == best,
                     "signals": [x for step in o.signals for x in step],

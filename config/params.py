@@ -367,6 +367,27 @@ class EdgesParams:
 
 
 @dataclass(frozen=True)
+class GraftEvalParams:
+    """GRAFT's evaluation rows (``evaluate_graft``): ``prompts_per_cell`` held-back questions per
+    edges pair x evaluate dataset, ``max_new_tokens`` each; the hindsight row searches B in
+    1..``budget_max``; the drafter forward, the tree builds (at ``cost_sizes``, with and without
+    TDES) and the SABA decision are timed with ``warmup``/``repeats``/``passes`` like a profile.
+    The learned-budget rows choose one B per pair (with and without TDES) on the first
+    ``choice_prompts_per_dataset`` collect prompts (capped at edges.prompts_per_dataset) of each
+    fitting edges dataset, never on the held-back ones."""
+
+    out_dir: str
+    prompts_per_cell: int
+    max_new_tokens: int
+    budget_max: int
+    choice_prompts_per_dataset: int
+    cost_sizes: tuple[int, ...]
+    warmup: int
+    repeats: int
+    passes: int
+
+
+@dataclass(frozen=True)
 class RuntimeParams:
     """How the decoding stages (profile, collect, evaluate) use the machine."""
 
@@ -394,6 +415,7 @@ class Params:
     evaluate: EvaluateParams
     runtime: RuntimeParams
     edges: EdgesParams
+    graft_eval: GraftEvalParams
 
     def pair_paths(self, name: str) -> tuple[Path, Path]:
         """Resolved (target, mid) paths of a registered pair."""

@@ -94,6 +94,11 @@ def _finite_number(v: Any, _: Mapping[str, Any]) -> None:
     _finite(v)
 
 
+def _non_negative(v: Any, _: Mapping[str, Any]) -> None:
+    if _finite(v) < 0:
+        raise _Invalid(f"must be >= 0, got {v!r}")
+
+
 def _string(v: Any, _: Mapping[str, Any]) -> None:
     if not isinstance(v, str):
         raise _Invalid(f"must be a string, got {v!r}")
@@ -211,6 +216,9 @@ FIELDS: dict[str, Field] = {
     "decision": Field(_string, required=False, kinds=("student",)),
     # invoke iff the predicted margin > threshold (margin_units); chosen out of fold by distill
     "threshold": Field(_finite_number, required=False, kinds=("student",), default=0.0),
+    # skip the rest of a round, without deciding, once the margin is < threshold - this (>= 0);
+    # absent: decide every step. Chosen out of fold by distill (decision-priced round walk)
+    "skip_rest_below": Field(_non_negative, required=False, kinds=("student",)),
     "targets": Field(_string, required=False, kinds=("value",)),
 }
 

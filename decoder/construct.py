@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from decoder.config import Grafting, TreeConfig
 from decoder.mid import MidCall, MidDrafter
 from decoder.ngram import NgramDrafter
-from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext
+from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext, decision_taken
 from decoder.tree import DraftTree, top_w
 
 
@@ -41,6 +41,7 @@ class StepRecord:
     created: int
     mid_catch_up: int  # committed tokens the mid forwarded to catch up
     mid_tree_tokens: int  # tree nodes the mid forwarded
+    decided: bool = True  # the scheduler paid for a decision before this step (policies.decision_taken)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class RoundBuilder:
             t0 = self.clock()
             ctx = StepContext(k, self.config.depth, tuple(history), state, runtime, lag)
             use_mid = bool(scheduler(ctx))
+            decided = decision_taken(scheduler)
             t1 = self.clock()
             times["scheduler"] += t1 - t0
             if use_mid:
@@ -78,7 +80,7 @@ class RoundBuilder:
                 rec = self.small_step(state, committed, k)
                 times["ngram"] += self.clock() - t1
             history.append(use_mid)
-            records.append(rec)
+            records.append(rec if decided else replace(rec, decided=False))
         return state.tree, records
 
     def mid_lag(self, committed: list[int]) -> int:

@@ -51,6 +51,13 @@ class Scheduler(Protocol):
     def __call__(self, ctx: StepContext) -> bool: ...
 
 
+def decision_taken(scheduler: object) -> bool:
+    """Whether the scheduler's last answer was a decision it paid for (tree signals + model). A
+    scheduler that answers some steps for free (decoder.scheduler.LearnedScheduler skipping the
+    rest of a round) says so with ``decided = False``; any other scheduler decides every step."""
+    return bool(getattr(scheduler, "decided", True))
+
+
 @dataclass(frozen=True)
 class FixedSchedule:
     """Invoke the mid drafter at the steps whose bit is set."""

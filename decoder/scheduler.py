@@ -137,14 +137,23 @@ class _OnlineFeatures:
 
 class LearnedScheduler:
     """The distilled student: invoke the mid drafter iff its predicted margin is > the manifest's
-    ``threshold`` (0 when the artifact has none)."""
+    ``threshold`` (0 when the artifact has none).
+
+    With ``skip_rest_below`` = g in the manifest, a margin below threshold - g also skips every
+    later step of the round without deciding (no tree signals, no MLP): ``decided`` is then False
+    for those steps, and the decoder counts (and the pricing charges) only the decisions taken.
+    """
 
     def __init__(self, art: Artifact, signals: Sequence[str]) -> None:
         self.manifest = art.manifest
         self.depth = int(art.manifest["depth"])
         self.net = _heads(art)["margin"]
         self.threshold = float(art.manifest["threshold"])
+        gate = art.manifest.get("skip_rest_below")
+        self.skip_rest_below = None if gate is None else self.threshold - float(gate)
         self.features = _OnlineFeatures(signals, int(art.manifest["width"]))
+        self.decided = True  # whether the last call decided (see decoder.policies.decision_taken)
+        self._rest_skipped = False
 
     def margin(self, z: np.ndarray) -> float:
         """Predicted margin (manifest ``margin_units``) for one state vector z."""
@@ -158,7 +167,18 @@ class LearnedScheduler:
             raise ManifestError(
                 f"scheduler was trained for D = {self.depth}, the decoder runs D = {ctx.depth}"
             )
-        return self.decide(self.features(ctx))
+        if ctx.step == 1:
+            self._rest_skipped = False
+        if self._rest_skipped:
+            self.decided = False
+            return False
+        self.decided = True
+        score = float(self.net(self.features(ctx)))
+        if score > self.threshold:
+            return True
+        if self.skip_rest_below is not None and score < self.skip_rest_below:
+            self._rest_skipped = True
+        return False
 
 
 class ValuePlanner:

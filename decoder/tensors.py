@@ -98,16 +98,21 @@ def _check_cache(cache: DynamicCache, block: QueryBlock) -> None:
 
 @torch.inference_mode()
 def forward_block(
-    model: torch.nn.Module, cache: DynamicCache, block: QueryBlock, logits_to_keep: int = 0
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    block: QueryBlock,
+    logits_to_keep: int = 0,
+    upcast: bool = True,
 ) -> torch.Tensor:
     """Run the block on top of the cache (which grows by q entries); return fp32 logits.
 
     logits_to_keep = 0 returns [q, V]; n > 0 returns only the last n rows [n, V] (the model then
-    never materialises the others).
+    never materialises the others). upcast=False returns them in the model's dtype (for a caller
+    that converts only the rows it reads).
     """
     _check_cache(cache, block)
     out = model(**_model_inputs(model, block), cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
-    return out.logits[0].float()
+    return out.logits[0].float() if upcast else out.logits[0]
 
 
 def layer_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:

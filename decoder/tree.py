@@ -15,6 +15,7 @@ Contract:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +63,8 @@ class DraftTree:
         """Attach token under parent; return (node, created). An existing child is kept as is."""
         if not self.alive[parent]:
             raise ValueError(f"cannot attach to dead node {parent}")
-        if not np.isfinite(logp):
+        logp = float(logp)
+        if not math.isfinite(logp):
             raise ValueError(f"edge log-prob must be finite, got {logp}")
         token = int(token)
         existing = self.children[parent].get(token)
@@ -72,8 +74,8 @@ class DraftTree:
         self.tokens.append(token)
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
-        self.edge_logp.append(float(logp))
-        self.scores.append(self.scores[parent] + float(logp))
+        self.edge_logp.append(logp)
+        self.scores.append(self.scores[parent] + logp)
         self.children.append({})
         self.alive.append(True)
         self.created_step.append(step)

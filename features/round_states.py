@@ -183,3 +183,81 @@ def round_walk_pct(frame: pl.DataFrame, depth: int) -> float:
             )
     per_report = walk.group_by("report_id").agg(pl.col("pct").mean())
     return float(per_report["pct"].mean())
+
+
+def round_outcomes(rounds: pa.Table) -> pl.DataFrame:
+    """Per (round start, schedule): tokens emitted, priced ms (one decision per step included) and
+    the cost of one decision: what :func:`priced_walk_pct` reprices a walk with."""
+    cols = ["report_id", "prompt_id", "start_position", "schedule_id", "accepted", "round_latency_ms"]
+    return pl.from_arrow(rounds.select([*cols, "decision_ms"]))
+
+
+def priced_walk_pct(
+    outcomes: pl.DataFrame, states: pl.DataFrame, depth: int, skip_rest_below: float | None
+) -> float:
+    """Walk each round start's states by ``score`` > ``threshold`` (columns of ``states``, with
+    the start keys, step and prefix) and price the reached schedule with the decisions the walk
+    took: a score below threshold - ``skip_rest_below`` skips every later step of the round
+    without deciding (None: never). The value, (accepted + 1) / (round ms less the decisions not
+    taken), as % of the round's best fixed schedule, priced with no decisions at all (a fixed
+    schedule decides nothing); mean over starts per report, then over reports."""
+    start = ["report_id", "prompt_id", "start_position"]
+    lookup = states.select(*start, "step", "prefix", "score", "threshold")
+    walk = lookup.filter(pl.col("step") == 1).select(
+        *start, prefix=pl.lit(""), skipping=pl.lit(False), decisions=pl.lit(0)
+    )
+    for k in range(1, depth + 1):
+        walk = walk.join(lookup.filter(pl.col("step") == k).drop("step"), on=[*start, "prefix"], how="left")
+        if walk["score"].null_count():
+            raise ValueError(f"round states: a walk reaches a step-{k} prefix the table lacks")
+        deciding = ~pl.col("skipping")
+        invoke = deciding & (pl.col("score") > pl.col("threshold"))
+        stop = (
+            deciding & ~invoke & (pl.col("score") < pl.col("threshold") - skip_rest_below)
+            if skip_rest_below is not None
+            else pl.lit(False)
+        )
+        walk = walk.with_columns(
+            prefix=pl.col("prefix") + pl.when(invoke).then(pl.lit("1")).otherwise(pl.lit("0")),
+            decisions=pl.col("decisions") + deciding.cast(pl.Int64),
+            skipping=pl.col("skipping") | stop,
+        ).drop("score", "threshold")
+    tokens = 1e3 * (pl.col("accepted").cast(pl.Float64) + 1)
+    undecided = pl.col("round_latency_ms") - depth * pl.col("decision_ms")
+    best = outcomes.group_by(start).agg((tokens / undecided).max().alias("best"))
+    reached = (
+        walk.rename({"prefix": "schedule"})
+        .join(_schedules(depth), on="schedule", how="left")
+        .join(outcomes, on=[*start, "schedule_id"], how="left")
+        .join(best, on=start, how="left")
+    )
+    if reached["accepted"].null_count():
+        raise ValueError("round states: a walk reaches a schedule the round table lacks")
+    value = tokens / (undecided + pl.col("decisions") * pl.col("decision_ms"))
+    per_report = (
+        reached.with_columns(pct=100 * value / pl.col("best")).group_by("report_id").agg(pl.col("pct").mean())
+    )
+    return float(per_report["pct"].mean())
+
+
+def fixed_schedule_pct(outcomes: pl.DataFrame, depth: int, schedule_id: int) -> float:
+    """One fixed schedule in every round, priced without decisions, as % of the round's best fixed
+    schedule (the :func:`priced_walk_pct` baseline); mean over starts per report, then reports."""
+    start = ["report_id", "prompt_id", "start_position"]
+    value = (
+        1e3
+        * (pl.col("accepted").cast(pl.Float64) + 1)
+        / (pl.col("round_latency_ms") - depth * pl.col("decision_ms"))
+    )
+    per = (
+        outcomes.with_columns(value=value)
+        .group_by(start)
+        .agg(
+            (
+                100
+                * pl.col("value").filter(pl.col("schedule_id") == schedule_id).first()
+                / pl.col("value").max()
+            ).alias("pct"),
+        )
+    )
+    return float(per.group_by("report_id").agg(pl.col("pct").mean())["pct"].mean())

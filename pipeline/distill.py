@@ -47,7 +47,15 @@ from decoder.state import state_feature_names
 from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.datasets import column, state_matrix
 from features.folds import fold_rows
-from features.round_states import feature_matrix, report_context, round_states, round_walk_pct
+from features.round_states import (
+    feature_matrix,
+    fixed_schedule_pct,
+    priced_walk_pct,
+    report_context,
+    round_outcomes,
+    round_states,
+    round_walk_pct,
+)
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
 from models.cross_fit import (
@@ -157,6 +165,7 @@ class RoundSet:
     frame: pl.DataFrame
     margin: np.ndarray  # relative or tok/s, as distill.relative says for the canonical targets
     folds: np.ndarray
+    outcomes: pl.DataFrame  # per (start, schedule): accepted, priced ms, decision ms
 
     def z(self, depth: int, signals: tuple[str, ...]) -> np.ndarray:
         return feature_matrix(self.frame, state_feature_names(depth, signals))
@@ -168,7 +177,8 @@ def read_round_set(params: Params, states: pa.Table) -> RoundSet:
     actions = read_table(resolve(params.collect.out_dir) / "actions.parquet", actions_spec(depth))
     frame = round_states(rounds, report_context(actions, states), depth)
     margin = frame["margin_relative" if params.distill.relative else "margin_tok_per_s"].to_numpy()
-    return RoundSet(frame, margin.astype(np.float64), frame["fold_id"].to_numpy().astype(np.int64))
+    folds = frame["fold_id"].to_numpy().astype(np.int64)
+    return RoundSet(frame, margin.astype(np.float64), folds, round_outcomes(rounds))
 
 
 def _train_sets(choice: str) -> tuple[str, ...]:
@@ -277,17 +287,47 @@ def _walked(decisions: np.ndarray, replay: Replay, depth: int) -> float:
     return walked_pct_of_best(decisions, replay, sorted(replay.by_report), depth)
 
 
+def _oof_round_scores(
+    fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each round state's score by the outer model of its held-out fold, and that fold's threshold."""
+    scores = np.full(rs.frame.height, np.nan)
+    for f, (model, signals) in enumerate(zip(fit.models, fold_signals, strict=True)):
+        held = rs.folds == f
+        scores[held] = model.score(rs.z(depth, signals)[held])
+    return scores, np.array(fit.thresholds)[rs.folds]
+
+
 def _round_walk(fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]) -> float:
     """The out-of-fold fit's outer models on each round-table start of their held-out fold: walk
     the round's states from the empty prefix (decision: score > that fold's threshold) and take the
     reached schedule's round value / the round's best; mean over starts per report, then reports."""
-    frame = rs.frame
-    scores = np.full(frame.height, np.nan)
-    for f, (model, signals) in enumerate(zip(fit.models, fold_signals, strict=True)):
-        held = rs.folds == f
-        scores[held] = model.score(rs.z(depth, signals)[held])
-    invoke = scores > np.array(fit.thresholds)[rs.folds]
-    return round_walk_pct(frame.with_columns(pl.Series("is_invoke", invoke)), depth)
+    scores, thresholds = _oof_round_scores(fit, rs, depth, fold_signals)
+    return round_walk_pct(rs.frame.with_columns(pl.Series("is_invoke", scores > thresholds)), depth)
+
+
+GATE_QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def choose_skip_rest(
+    fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
+) -> tuple[float | None, dict[str, float]]:
+    """The exported student's ``skip_rest_below`` g: a score below threshold - g skips the rest of
+    the round without deciding. Candidates: none, and quantiles of how far below its threshold a
+    skipping state's out-of-fold score lies; each scored by the decision-priced walk over the
+    round-table starts (features.round_states.priced_walk_pct: the student pays for the decisions
+    it takes, a fixed schedule for none). The best wins; ties go to none, then to the larger g
+    (the fewer walks it changes). Returns g (None: decide every step) and every candidate's %."""
+    scores, thresholds = _oof_round_scores(fit, rs, depth, fold_signals)
+    states = rs.frame.select("report_id", "prompt_id", "start_position", "step", "prefix").with_columns(
+        score=pl.Series(scores), threshold=pl.Series(thresholds)
+    )
+    gap = (thresholds - scores)[scores <= thresholds]
+    gates = sorted({float(g) for g in np.quantile(gap, GATE_QUANTILES)}, reverse=True) if gap.size else []
+    candidates: list[float | None] = [None, *gates]
+    pct = {g: priced_walk_pct(rs.outcomes, states, depth, g) for g in candidates}
+    best = max(candidates, key=lambda g: pct[g])  # max keeps the first of equals
+    return best, {"none" if g is None else f"{g:.4f}": v for g, v in pct.items()}
 
 
 def _pair_signals(params: Params) -> list[tuple[str, ...]]:
@@ -324,6 +364,9 @@ def main(params: Params) -> dict:
             decisions, _fixed(depth), replay.index, replay.throughput(), sorted(replay.by_report), depth
         )
         oof = st.fits["student_oof"]
+        skip_rest, gate_walks = None, {}
+        if rs is not None:
+            skip_rest, gate_walks = choose_skip_rest(oof, rs, depth, read_fold_signals(params, "report"))
         metrics = {
             "n_params": n_params,
             "n_states": len(z),
@@ -338,19 +381,32 @@ def main(params: Params) -> dict:
             "offline": summary(results),
             "vs_better_endpoint": _vs_endpoint(results),
             "train_set": _train_set_metrics(st, results, rs, depth, read_fold_signals(params, "report")),
+            "skip_rest_below": skip_rest,
+            "decision_priced_walk_pct": (
+                {
+                    **{f"student_skip_rest_below_{g}": v for g, v in gate_walks.items()},
+                    "all_small": fixed_schedule_pct(rs.outcomes, depth, 0),
+                }
+                if rs is not None
+                else {}
+            ),
         }
         extra = {
             "signals": list(signals),
             "threshold": st.threshold,
+            **({} if skip_rest is None else {"skip_rest_below": skip_rest}),
             "margin_source": cfg.margin_source,
             "margin_units": _units(st.loss, cfg.relative),
-            "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({st.loss})",
+            "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({st.loss})"
+            + (
+                "" if skip_rest is None else "; below threshold - skip_rest_below, skip the rest of the round"
+            ),
             "training_data_sha256": file_sha256(resolve(params.collect.out_dir) / "actions.parquet"),
             "git_revision": git_revision(),
             "metrics": metrics,
         }
         _save(out, st.final, params, names, extra)
-        table = _write_offline(out, results, metrics["train_set"])
+        table = _write_offline(out, results, metrics["train_set"], metrics)
         curves = {f"{n}/{c}": v for n, f in st.fits.items() for c, v in f.curves.items()}
         curves["final"] = st.final.curve
         write_csv(
@@ -489,7 +545,26 @@ def _train_set_lines(ts: dict) -> list[str]:
     return lines
 
 
-def _write_offline(out: Path, results: dict[str, dict[str, PolicyResult]], train_set: dict) -> str:
+def _gate_lines(metrics: dict) -> list[str]:
+    walks = metrics.get("decision_priced_walk_pct") or {}
+    if not walks:
+        return []
+    g = metrics["skip_rest_below"]
+    chosen = "decide every step" if g is None else f"skip the rest of a round below threshold - {g:.4g}"
+    lines = [
+        "",
+        f"Decision-priced round walk (out of fold; the student pays each decision it takes, a fixed "
+        f"schedule none; % of the round's best fixed schedule). Exported: **{chosen}**.",
+        "",
+        "| rule | % of round best |",
+        "|---|---|",
+    ]
+    return lines + [f"| {name} | {v:.2f}% |" for name, v in walks.items()]
+
+
+def _write_offline(
+    out: Path, results: dict[str, dict[str, PolicyResult]], train_set: dict, metrics: dict
+) -> str:
     policies = [p for p in LABELS if p in next(iter(results.values()))]
     write_csv(
         out / "offline.csv",
@@ -506,6 +581,7 @@ def _write_offline(out: Path, results: dict[str, dict[str, PolicyResult]], train
             f"| {LABELS[p]} | {summ[p]['mean_tok_per_s']:.2f} | {summ[p]['mean_pct_of_best']:.1f}% | {gap} |"
         )
     lines += _train_set_lines(train_set)
+    lines += _gate_lines(metrics)
     lines += ["", "| report | " + " | ".join(LABELS[p] for p in policies) + " |"]
     lines.append("|" + "---|" * (len(policies) + 1))
     for report, row in results.items():

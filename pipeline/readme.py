@@ -1,8 +1,9 @@
 """Regenerate the README's results section from the pipeline's outputs (`make results`).
 
 Replaces everything between the `<!-- results:start -->` and `<!-- results:end -->` markers with
-the evaluate stage's tables, the offline student table of the distill stage and the collect
-stage's per-report summary, as written by the last `dvc repro`. Nothing else is touched.
+the evaluate stage's tables, the GRAFT rows of the evaluate_graft stage (with the evaluate
+stage's student on the same cells), the offline student table of the distill stage and the
+collect stage's per-report summary, as written by the last `dvc repro`. Nothing else is touched.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def results_section(params: Params) -> str:
             "B* (the better policy's best B) is what `collect` and `evaluate` decode with. SABA: the "
             "paper's rule, B = c_fixed / c_verify of the fitted cost line.",
             _read(budget / "budgets.md"),
+            *graft_section(params),
             "### Ablations under the fixed schedule " + params.evaluate.ablation.schedule,
             _read(ev / "ablations.md"),
             "### Offline: following the student through the enumerated schedules",
@@ -56,6 +58,78 @@ def results_section(params: Params) -> str:
             END,
         ]
     )
+
+
+def graft_section(params: Params) -> list[str]:
+    """The evaluate_graft table, its done-when checks, and the TreeGraft student on the same cells."""
+    cfg, out = params.graft_eval, resolve(params.graft_eval.out_dir)
+    metrics = json.loads(_read(out / "metrics.json"))
+    cells = json.loads(_read(out / "cells.json"))
+    results = resolve(params.evaluate.out_dir) / "results.json"
+    main = json.loads(results.read_text())["main"] if results.is_file() else []
+    return [
+        "### GRAFT rows (block drafters, DDTree, TDES, SABA, learned budget; `evaluate_graft` stage)",
+        f"{cfg.prompts_per_cell} held-back prompts per cell from evaluate.prompt_start, {cfg.max_new_tokens} "
+        "new tokens, greedy; every decoded row checked token-identical to the target's greedy "
+        "continuation. Cell: priced speedup over AR (A = mean accepted drafted tokens per round, mm = "
+        "parent-child mismatch rate, n = mean verified nodes, B = budget). Priced with the drafter "
+        "forward and tree build measured in the stage and the pair's verification profile. The learned B "
+        f"is one budget per pair chosen on {cfg.choice_prompts_per_dataset} collect prompts per fitting "
+        "dataset (never the held-back ones) as the most tokens per priced ms by the same exact walk; the "
+        "TDES choice uses the exported scorer, fitted on those same prompts.",
+        _read(out / "graft.md"),
+        learned_budget_line(metrics),
+        graft_checks_line(metrics),
+        "TreeGraft's student on the same cells: the evaluate stage's figures "
+        f"({params.evaluate.prompts_per_cell} prompts from the same prompt_start, "
+        f"{params.evaluate.max_new_tokens} new tokens), n/a where it has no such cell.",
+        student_table(cells, main),
+    ]
+
+
+def learned_budget_line(metrics: dict) -> str:
+    """B_learned per pair and the mean speedup of every row."""
+    chosen = {pair_id: p["learned_budget"] for pair_id, p in sorted(metrics["pairs"].items())}
+    budgets = "; ".join(
+        f"{k} B = {c['plain']['budget']} (TDES: {c['tdes']['budget']})" for k, c in chosen.items()
+    )
+    means = ", ".join(f"{k} {v:.2f}x" for k, v in metrics["mean_speedup"].items())
+    return f"Learned budgets: {budgets}. Mean priced speedup over the cells: {means}."
+
+
+def graft_checks_line(metrics: dict) -> str:
+    """The issue's done-when targets as measured; full GRAFT is TDES + the learned budget."""
+    return (
+        f"Over {metrics['n_cells']} cells: full GRAFT (TDES + learned B) >= DDTree at its best fixed B in "
+        f"hindsight on {metrics['full_graft_at_least_hindsight']:.0%} (GRAFT with SABA's budget on "
+        f"{metrics['graft_at_least_hindsight']:.0%}); learned B "
+        f"{yes(metrics['learned_at_least_saba_on_mean'])} SABA's rule on the mean (with TDES: "
+        f"{yes(metrics['full_graft_at_least_saba_graft_on_mean'])}); "
+        f"TDES raises A at equal budget on "
+        f"{metrics['tdes_raises_a']:.0%} (keeps or raises it on {metrics['tdes_keeps_or_raises_a']:.0%}); "
+        f"added decision time per round (TDES + SABA) at most {metrics['max_overhead_ms']:.3f} ms."
+    )
+
+
+def yes(ok: bool) -> str:
+    return ">=" if ok else "<"
+
+
+def student_table(cells: list[dict], main: list[dict]) -> str:
+    """TreeGraft's student (evaluate stage, its own prompt count) beside GRAFT on the same cells."""
+    student = {(r["pair_id"], r["dataset_id"]): r for r in main if r.get("method") == "student"}
+    lines = [
+        "| pair | dataset | TreeGraft student (evaluate) | GRAFT (SABA) | GRAFT (learned B) "
+        "| DDTree, best B in hindsight |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        s = student.get((c["pair_id"], c["dataset_id"]))
+        tg = "n/a" if s is None else f"{s['priced_speedup']:.2f}x (A {s['mean_accepted_length']:.2f})"
+        rows = [c["rows"][k] for k in ("graft", "graft_learned", "hindsight")]
+        cols = " | ".join(f"{r['speedup']:.2f}x (A {r['mean_accepted']:.2f})" for r in rows)
+        lines.append(f"| {c['pair_id']} | {c['dataset_id']} | {tg} | {cols} |")
+    return "\n".join(lines)
 
 
 def gains_line(metrics: dict, key: str = "priced_speedup") -> str:

@@ -35,6 +35,7 @@ METADATA_FIELDS = (
     "signals",
     "margin_units",
     "threshold",
+    "skip_rest_below",
     "weights_sha256",
     "manifest_sha256",
     "training_data_sha256",

@@ -71,6 +71,7 @@ def synthetic_rounds(
                             "mid_call_tokens": [50] * calls,
                             "n_small_steps": depth - calls,
                             "round_latency_ms": ms,
+                            "decision_ms": 0.01,
                             "throughput_tok_per_s": 1e3 * (accepted + 1) / ms,
                             "is_round_best": sid == best,
                             "signals": signals,

@@ -13,6 +13,8 @@ import pytest
 import torch
 from conftest import noisy_copy, tiny_model
 from test_lossless import EOS, prompts, reference
+from test_sampling import chi2_pvalue_ok
+from test_sampling_e2e import PROMPT, V, exact_joint
 
 from config.params import load_params
 from decoder.block_proposers import CausalLMProposer
@@ -184,6 +186,32 @@ def test_greedy_decoding_with_the_scorer_is_token_identical_to_the_target() -> N
         tree = build_ddtree(prompt[-1], marg.ids, marg.logps, 12, pair.vocab_size, edges)
         reordered += tree_shape(tree) != tree_shape(build_ddtree(prompt[-1], marg.ids, marg.logps, 12))
     assert reordered > 0, "the scorer never changed a tree: the test would not see a wrong hook"
+
+
+def test_sampling_with_the_scorer_keeps_the_targets_two_token_joint() -> None:
+    """Temperature > 0, DDTree ranked by a tree-reordering scorer: the sampler treats the drafted
+    children as point-mass proposals (decoder/sampling.py) and never reads their edge log-probs as a
+    proposal q, so edge scores in the tree's edge_logp (only the sibling order) keep it exact. The
+    joint of two sampled tokens must pass the chi-square test against the target's own."""
+    target = tiny_model("llama", seed=31, vocab=V, logit_scale=1.5)
+    pair = make_pair(target, noisy_copy(target, 0.2, seed=32), eos_token_ids=())
+    block = BlockConfig(budget=6, topk=3, k=2)
+    scorer = random_scorer(np.random.default_rng(8), V, 2, scale=4.0)
+    marg = CausalLMProposer(pair.mid, V, 2).propose(None, PROMPT, 3)
+    edges = scorer.for_round(PROMPT[-1], marg.ids, marg.logps)
+    ranked = build_ddtree(PROMPT[-1], marg.ids, marg.logps, 6, V, edges)
+    assert tree_shape(ranked) != tree_shape(build_ddtree(PROMPT[-1], marg.ids, marg.logps, 6, V))
+    temperature, n = 0.8, 1500
+    counts = np.zeros(V * V)
+    accepted = 0
+    for seed in range(n):
+        cfg = DecodeConfig(max_new_tokens=2, temperature=temperature, seed=seed, block=block)
+        res = generate(pair, PROMPT, "ddtree", cfg, timing=False, edge_scorer=scorer)
+        a, b = res.new_tokens
+        counts[a * V + b] += 1
+        accepted += res.rounds[0].accepted
+    assert accepted > n // 4, "drafts were rarely accepted: the test would only check residual draws"
+    assert chi2_pvalue_ok(counts, exact_joint(target, temperature), n)
 
 
 def synthetic_edges(rng: np.random.Generator, n_groups: int, classes: np.ndarray, m: int = 4) -> pl.DataFrame:

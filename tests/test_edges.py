@@ -81,14 +81,15 @@ def test_labels_are_the_targets_greedy_tokens_under_its_accepted_path(collected)
         )
 
 
-def tiny_edges_params(root: Path, **edges) -> Params:
+def tiny_edges_params(root: Path, extra: dict | None = None, **edges) -> Params:
+    """The tiny workspace's params; ``edges`` override the edges section, ``extra`` whole sections."""
     overrides = collect_overrides(root)
     overrides["zoo"] = {"out_dir": str(root / "zoo")}
     overrides["edges"] = {"collect_dir": str(root / "edges"), "fit_dir": str(root / "fit"), "pairs": ["tiny"],
                           "drafters": ["block-tiny"], "datasets": ["code", "chat"], "prompts_per_dataset": 2,
                           "max_new_tokens": 12, "budget": 16, "topk": 32, "eval_budgets": [4, 16],
                           "n_folds": 2, "epochs": 20, **edges}  # fmt: skip
-    return load_params(profile="smoke", overrides=overrides)
+    return load_params(profile="smoke", overrides={**overrides, **(extra or {})})
 
 
 @pytest.fixture(scope="module")

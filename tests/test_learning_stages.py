@@ -224,3 +224,19 @@ def test_distill_exports_the_training_states_that_won_out_of_fold(run_all):
     assert all(0 < v <= 100 for v in ts["round_walk_pct_of_round_best"].values())
     table = (Path(params.distill.out_dir) / "offline.md").read_text()
     assert f"exported: **{ts['winner']}**" in table and "| rounds |" in table
+
+
+def test_distill_exports_the_gate_whose_decision_priced_walk_is_best(run_all):
+    """skip_rest_below: the candidate with the best decision-priced round walk, in the manifest."""
+    params, res = run_all
+    metrics = res["distill"]
+    walks = metrics["decision_priced_walk_pct"]
+    students = {k: v for k, v in walks.items() if k.startswith("student_skip_rest_below_")}
+    assert "student_skip_rest_below_none" in students and len(students) > 1 and "all_small" in walks
+    best = max(students.values())
+    gate = metrics["skip_rest_below"]
+    chosen = "none" if gate is None else f"{gate:.4f}"
+    assert students[f"student_skip_rest_below_{chosen}"] == best
+    manifest = json.loads((Path(params.distill.out_dir) / "student.json").read_text())
+    assert manifest.get("skip_rest_below") == gate
+    assert "Decision-priced round walk" in (Path(params.distill.out_dir) / "offline.md").read_text()

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.readme import END, START, gains_line, update
+from pipeline.readme import (
+    END,
+    START,
+    gains_line,
+    graft_checks_line,
+    learned_budget_line,
+    student_table,
+    update,
+)
 
 
 def test_update_replaces_only_the_marked_section(tmp_path):
@@ -25,3 +33,43 @@ def test_gains_line():
     priced = {**stats, "student_at_least_best_fixed": 0.5}
     line = gains_line({"priced_speedup.fitting": priced, "speedup.fitting": stats})
     assert line.count("cells)") == 1 and "priced" in line and ">= best fixed on 50% of cells" in line
+
+
+def graft_cell(pair: str, dataset: str, graft: float, hindsight: float, learned: float = 1.0) -> dict:
+    row = {"mean_accepted": 1.5, "mismatch_rate": 0.2, "tree_size": 8.0, "budget": 8}
+    rows = {"graft": {**row, "speedup": graft}, "hindsight": {**row, "speedup": hindsight},
+            "graft_learned": {**row, "speedup": learned}}  # fmt: skip
+    return {"pair_id": pair, "dataset_id": dataset, "rows": rows}
+
+
+def test_student_table_puts_the_evaluate_students_cell_beside_graft_and_n_a_where_it_has_none():
+    cells = [graft_cell("zoo-m", "alpaca", 1.25, 1.5, 1.75), graft_cell("zoo-m", "pydoc", 2.0, 2.5)]
+    main = [
+        {"pair_id": "zoo-m", "dataset_id": "alpaca", "method": "student", "priced_speedup": 1.75,
+         "mean_accepted_length": 2.5},
+        {"pair_id": "zoo-m", "dataset_id": "pydoc", "method": "all-small", "priced_speedup": 9.0,
+         "mean_accepted_length": 9.0},
+    ]  # fmt: skip
+    lines = student_table(cells, main).splitlines()
+    assert (
+        lines[2] == "| zoo-m | alpaca | 1.75x (A 2.50) | 1.25x (A 1.50) | 1.75x (A 1.50) | 1.50x (A 1.50) |"
+    )
+    assert lines[3].startswith("| zoo-m | pydoc | n/a | 2.00x")  # another method's row is not the student's
+
+
+def test_graft_checks_line():
+    metrics = {"n_cells": 12, "graft_at_least_hindsight": 0.25, "full_graft_at_least_hindsight": 0.5,
+               "learned_at_least_saba_on_mean": True, "full_graft_at_least_saba_graft_on_mean": False,
+               "tdes_raises_a": 0.5, "tdes_keeps_or_raises_a": 0.75, "max_overhead_ms": 0.21}  # fmt: skip
+    line = graft_checks_line(metrics)
+    assert "12 cells" in line and "hindsight on 50% (GRAFT with SABA's budget on 25%)" in line
+    assert "learned B >= SABA's rule on the mean (with TDES: <)" in line
+    assert "on 50% (keeps or raises it on 75%)" in line and "at most 0.210 ms" in line
+
+
+def test_learned_budget_line_names_each_pairs_budgets():
+    pairs = {"zoo-m": {"learned_budget": {"plain": {"budget": 12}, "tdes": {"budget": 9}}},
+             "zoo-chat-l": {"learned_budget": {"plain": {"budget": 6}, "tdes": {"budget": 7}}}}  # fmt: skip
+    line = learned_budget_line({"pairs": pairs, "mean_speedup": {"learned": 1.5, "saba": 1.25}})
+    assert "zoo-chat-l B = 6 (TDES: 7); zoo-m B = 12 (TDES: 9)" in line
+    assert "learned 1.50x, saba 1.25x" in line

@@ -55,6 +55,7 @@ def _rounds(drop: int | None = None):
                     "mid_call_tokens": [5] * bits.count("1"),
                     "n_small_steps": bits.count("0"),
                     "round_latency_ms": ms,
+                    "decision_ms": 0.01,
                     "throughput_tok_per_s": VALUE[bits],
                     "is_round_best": bits == "10",
                     "signals": [x for k in range(1, D + 1) for x in _signals(bits[: k - 1], start)],

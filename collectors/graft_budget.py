@@ -1,0 +1,93 @@
+"""GRAFT's learned budget: one DDTree budget per pair, chosen offline on the collect prompts.
+
+Contract:
+- :func:`choice_specs` names the prompts the choice may read: the first
+  ``graft_eval.choice_prompts_per_dataset`` (at most ``edges.prompts_per_dataset``) questions from
+  ``collect.prompt_start`` of each ``edges.datasets`` entry that is not in
+  ``evaluate.held_out_datasets``, i.e. the prompts collect_edges decoded and fit_edges fitted TDES
+  on. A slice reaching ``evaluate.prompt_start`` is refused: the held-back prompts stay unseen.
+- :func:`walk_choice_prompt` decodes one of them greedily with DDTree at the collect budget, checks
+  the output with the lossless gate, and walks it exactly at every B <= b_max
+  (collectors/graft_eval.py, walk_budgets) with plain marginals and with the TDES scorer.
+- :func:`learned_budget` is the argmax over B of the summed tokens over the summed priced ms of
+  every walked prompt at B (ties: the smaller B); with a fixed AR price that is the argmax of the
+  pooled priced speedup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from collectors.graft_eval import Round, Walk, decode_arm, lossless_gate, walk_budgets
+from collectors.report import ReportSpec
+from config.params import Params
+from decoder.block import BlockProposer, Marginals
+from decoder.edge_scorer import EdgeScorer
+from decoder.models import ModelPair
+
+
+def choice_specs(params: Params, pair_id: str) -> list[ReportSpec]:
+    """The collect-prompt slices of the fitting datasets the budget choice reads (module docstring)."""
+    held_out = set(params.evaluate.held_out_datasets)
+    datasets = [d for d in params.edges.datasets if d not in held_out]
+    if not datasets:
+        raise ValueError(
+            f"edges.datasets {list(params.edges.datasets)}: none is a fitting dataset "
+            f"(all are in evaluate.held_out_datasets), nothing to choose the learned budget on"
+        )
+    n = min(params.graft_eval.choice_prompts_per_dataset, params.edges.prompts_per_dataset)
+    start = params.collect.prompt_start
+    if start + n > params.evaluate.prompt_start:
+        raise ValueError(
+            f"graft_eval.choice_prompts_per_dataset: {n} questions from collect.prompt_start={start} reach "
+            f"evaluate.prompt_start={params.evaluate.prompt_start}: the held-back prompts must stay unseen"
+        )
+    return [ReportSpec(pair_id, d, start, start + n) for d in datasets]
+
+
+@dataclass(frozen=True)
+class ChoiceWalks:
+    """One collect prompt walked at every budget, by marginals and by TDES."""
+
+    plain: Walk
+    tdes: Walk
+
+
+def walk_choice_prompt(
+    pair: ModelPair,
+    proposer: BlockProposer,
+    scorer: EdgeScorer,
+    prompt: list[int],
+    collect_budget: int,
+    b_max: int,
+    topk: int,
+    max_new_tokens: int,
+) -> ChoiceWalks:
+    """Decode ``prompt`` at the collect budget (lossless-gated) and walk it at every B <= b_max."""
+    run = decode_arm(pair, proposer, None, prompt, collect_budget, topk, max_new_tokens)
+    features = lossless_gate(pair, prompt, run.tokens, tuple(proposer.target_layers))
+    proposals: dict[int, Marginals] = {}
+    walk = [
+        walk_budgets(proposer, prompt, run.tokens, features, b_max, topk, pair.vocab_size, s, proposals)
+        for s in (None, scorer)
+    ]
+    return ChoiceWalks(walk[0], walk[1])
+
+
+def learned_budget(
+    walks: Sequence[Walk], price: Callable[[Round], float], ar_token_ms: float, b_max: int
+) -> tuple[int, list[float]]:
+    """(the B in 1..b_max with the most summed tokens per summed priced ms over ``walks``, the pooled
+    priced speedup at every B in 1..b_max)."""
+    if not walks:
+        raise ValueError("the learned budget needs at least one walked collect prompt")
+    curve = []
+    for b in range(1, b_max + 1):
+        rounds = [r for w in walks for r in w.at(b)]
+        ms = sum(price(r) for r in rounds)
+        if not rounds or ms <= 0:
+            raise ValueError(f"budget {b}: no priced rounds on the collect prompts")
+        curve.append(sum(r.emitted for r in rounds) * ar_token_ms / ms)
+    best = max(range(b_max), key=lambda i: (curve[i], -i))
+    return best + 1, curve

@@ -1,0 +1,253 @@
+"""DVC stage ``evaluate_graft``: GRAFT's rows per block-drafter pair x dataset, priced, on held-back prompts.
+
+For each ``edges.pairs[i]`` with its zoo block drafter ``edges.drafters[i]`` and its TDES scorer
+(``edges.fit_dir/scorers/<pair>``, out of the fit_edges stage), on ``graft_eval.prompts_per_cell``
+questions of each of ``evaluate.datasets`` from ``evaluate.prompt_start`` on (the held-back slice,
+never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`` new tokens each:
+
+1. DDTree at the fixed B = ``edges.budget``,
+2. DDTree at the best fixed B in hindsight, per cell over B = 1..``graft_eval.budget_max``, from one
+   check of the largest tree per start position (collectors/graft_eval.py, walk_budgets),
+3. DDTree + TDES at the same B,
+4. DDTree + SABA (the paper's rule on this stage's cost line; one budget per pair) without and with
+   TDES (GRAFT with the paper's budget),
+5. DDTree at a learned B, without and with TDES (the latter is full GRAFT with a learned budget):
+   one B per pair, chosen before any held-back prompt is read, on the collect prompts of the
+   fitting datasets (collectors/graft_budget.py) by the same exact walk and the same prices, as the
+   B with the most tokens per priced ms over them all. The TDES scorer there is the exported one,
+   fitted on those same prompts (fit_edges' out-of-fold scorers are not exported), so the TDES
+   choice sees a scorer at least as good on them as on held-back prompts.
+
+Rows 1, 3, 4 and 5 are decoded for real (identical configurations once) and every output must be the
+target's greedy continuation (collectors/graft_eval.py, lossless_gate). Pricing is deterministic
+given the costs measured at the start of each pair (collectors/graft_costs.py) and the pair's
+latency profile (``profile.out_dir/<pair>.json``).
+
+Writes ``graft_eval.out_dir``: ``graft.md`` (the table), ``costs.json`` (the measured costs) and
+``metrics.json`` (every cell's rows, the done-when checks, overheads, seconds).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+
+from collectors.graft_budget import choice_specs, learned_budget, walk_choice_prompt
+from collectors.graft_costs import GraftCosts, measure_costs
+from collectors.graft_eval import Round, decode_arm, lossless_gate, walk_budgets
+from collectors.graft_table import ROWS, markdown, row_stats
+from collectors.latency import load_profile
+from collectors.plan import dataset_file, load_registered_pair, report_questions
+from collectors.report import ReportSpec
+from config.params import Params, resolve
+from decoder.block import BlockProposer
+from decoder.block_drafter import load_block_drafter
+from decoder.edge_scorer import EdgeScorer, load_edge_scorer
+from decoder.files import replace_atomically
+from decoder.models import ModelPair
+from pipeline.cli import apply_runtime, run_stage
+from pipeline.tracking import log_metrics, stage_run
+
+log = logging.getLogger(__name__)
+
+
+def validate(params: Params) -> None:
+    cfg, edges = params.graft_eval, params.edges
+    for name in ("prompts_per_cell", "max_new_tokens", "budget_max", "choice_prompts_per_dataset", "repeats",
+                 "passes"):  # fmt: skip
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"graft_eval.{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.warmup < 0:
+        raise ValueError(f"graft_eval.warmup must be >= 0, got {cfg.warmup}")
+    if not cfg.cost_sizes or min(cfg.cost_sizes) < 1 or max(cfg.cost_sizes) < cfg.budget_max:
+        raise ValueError(
+            f"graft_eval.cost_sizes {list(cfg.cost_sizes)} must be positive and reach "
+            f"budget_max={cfg.budget_max}"
+        )
+    if not 1 <= edges.budget <= cfg.budget_max:
+        raise ValueError(f"edges.budget={edges.budget} must lie in 1..graft_eval.budget_max={cfg.budget_max}")
+    if len(edges.pairs) != len(edges.drafters) or not edges.pairs:
+        raise ValueError(
+            f"edges.pairs {list(edges.pairs)} and edges.drafters {list(edges.drafters)} must pair up"
+        )
+    missing = [d for d in params.evaluate.datasets if not dataset_file(params, d).is_file()]
+    if missing:
+        raise ValueError(f"evaluate.datasets: no question file for {missing} under {params.data.out_dir}")
+    missing = [
+        s.dataset_id
+        for s in choice_specs(params, edges.pairs[0])
+        if not dataset_file(params, s.dataset_id).is_file()
+    ]
+    if missing:
+        raise ValueError(f"edges.datasets: no question file for {missing} under {params.data.out_dir}")
+    for pair_id in edges.pairs:
+        for path in (
+            resolve(params.profile.out_dir) / f"{pair_id}.json",
+            resolve(edges.fit_dir) / "scorers" / pair_id,
+        ):
+            if not path.exists():
+                raise ValueError(f"{path}: missing (run the profile and fit_edges stages)")
+
+
+def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[dict], GraftCosts, dict]:
+    """Every cell of one pair; returns (cells, measured costs, pair summary)."""
+    cfg, edges, ev = params.graft_eval, params.edges, params.evaluate
+    t0 = time.perf_counter()
+    pair = load_registered_pair(params, pair_id)
+    drafter = load_block_drafter(resolve(params.zoo.out_dir) / drafter_id, pair.target)
+    scorer, _ = load_edge_scorer(
+        resolve(edges.fit_dir) / "scorers" / pair_id, vocab_size=pair.vocab_size, k=drafter.k
+    )
+    profile = load_profile(resolve(params.profile.out_dir) / f"{pair_id}.json")
+    prompts = {}
+    for dataset in ev.datasets:
+        spec = ReportSpec(pair_id, dataset, ev.prompt_start, ev.prompt_start + cfg.prompts_per_cell)
+        prompts[dataset] = report_questions(params, spec, pair.tokenizer)[1]
+    context = max((p for ps in prompts.values() for p in ps), key=len)
+    costs = measure_costs(pair, pair_id, drafter, scorer, profile, context, edges.topk, cfg.cost_sizes,
+                          cfg.warmup, cfg.repeats, cfg.passes)  # fmt: skip
+    b, b_max = edges.budget, cfg.budget_max
+    choice = choose_budgets(params, pair, pair_id, drafter, scorer, costs)
+    arms = {"ddtree": (b, False), "tdes": (b, True), "saba": (costs.saba(b_max, False), False),
+            "graft": (costs.saba(b_max, True), True), "learned": (choice["plain"]["budget"], False),
+            "graft_learned": (choice["tdes"]["budget"], True)}  # fmt: skip
+    layers = tuple(drafter.target_layers)
+    cells, walk_rounds, walk_agree, decodes = [], 0, 0, 0
+    for dataset, dataset_prompts in prompts.items():
+        runs: dict[str, list] = {key: [] for key in arms}
+        walks = []
+        for prompt in dataset_prompts:
+            done: dict[tuple[int, bool], list] = {}
+            for key, (budget, tdes) in arms.items():
+                if (budget, tdes) not in done:
+                    run = decode_arm(pair, drafter, scorer if tdes else None, prompt, budget, edges.topk,
+                                     cfg.max_new_tokens)  # fmt: skip
+                    decodes += 1
+                    done[(budget, tdes)] = run
+                runs[key].append(done[(budget, tdes)])
+            tokens = runs["ddtree"][-1].tokens
+            features = lossless_gate(pair, prompt, tokens, layers)
+            for key in arms:
+                if runs[key][-1].tokens != tokens:
+                    raise RuntimeError(f"{pair_id}/{dataset}: row {key!r} emitted another output than DDTree")
+            walk = walk_budgets(drafter, prompt, tokens, features, b_max, edges.topk, pair.vocab_size)
+            walks.append(walk)
+            walk_rounds += 1
+            walk_agree += walk.at(b) == runs["ddtree"][-1].rounds
+        rows = {}
+        for key, (budget, tdes) in arms.items():
+            saba = key in ("saba", "graft")
+            price = functools.partial(round_price, costs, tdes, saba)
+            rows[key] = row_stats(budget, [r.rounds for r in runs[key]], price, costs.ar_token_ms)
+        plain = functools.partial(round_price, costs, False, False)
+        grid = [
+            row_stats(bb, [w.at(bb) for w in walks], plain, costs.ar_token_ms) for bb in range(1, b_max + 1)
+        ]
+        rows["hindsight"] = max(grid, key=lambda r: (r.speedup, -r.budget))
+        group = "held-out task" if dataset in ev.held_out_datasets else "fitting"
+        cells.append(
+            {"pair_id": pair_id, "dataset_id": dataset, "group": group, "prompts": len(dataset_prompts),
+             "rows": {k: rows[k].to_json() for k, _ in ROWS}}
+        )  # fmt: skip
+    summary = {
+        "drafter_id": drafter_id,
+        "budgets": {k: v[0] for k, v in arms.items()},
+        "learned_budget": choice,
+        "saba_line_ms": list(costs.saba_line(b_max, False)),
+        "saba_tdes_line_ms": list(costs.saba_line(b_max, True)),
+        "overhead_ms_at_budget": costs.overhead_ms(b),
+        "overhead_ms_at_graft_budget": costs.overhead_ms(arms["graft"][0]),
+        "decodes": decodes,
+        "walk_equals_decoding": walk_agree / walk_rounds,
+        "seconds": time.perf_counter() - t0,
+    }
+    log.info("%s: %s", pair_id, summary)
+    return cells, costs, summary
+
+
+def choose_budgets(
+    params: Params,
+    pair: ModelPair,
+    pair_id: str,
+    drafter: BlockProposer,
+    scorer: EdgeScorer,
+    costs: GraftCosts,
+) -> dict:
+    """B_learned by marginals and by TDES, from the collect prompts only (module docstring, row 5)."""
+    cfg, edges = params.graft_eval, params.edges
+    t0 = time.perf_counter()
+    walks = []
+    specs = choice_specs(params, pair_id)
+    for spec in specs:
+        for prompt in report_questions(params, spec, pair.tokenizer)[1]:
+            walks.append(walk_choice_prompt(pair, drafter, scorer, prompt, edges.budget, cfg.budget_max,
+                                            edges.topk, cfg.max_new_tokens))  # fmt: skip
+    out = {}
+    for name, tdes in (("plain", False), ("tdes", True)):
+        price = functools.partial(round_price, costs, tdes, False)
+        got = [w.tdes if tdes else w.plain for w in walks]
+        budget, curve = learned_budget(got, price, costs.ar_token_ms, cfg.budget_max)
+        out[name] = {"budget": budget, "collect_speedup": curve[budget - 1],
+                     "collect_speedup_at_fixed_budget": curve[edges.budget - 1]}  # fmt: skip
+    out["prompts"] = len(walks)
+    out["questions"] = {s.dataset_id: [s.prompt_start, s.prompt_stop] for s in specs}
+    out["seconds"] = time.perf_counter() - t0
+    log.info("%s: learned budgets %s", pair_id, out)
+    return out
+
+
+def round_price(costs: GraftCosts, tdes: bool, saba: bool, r: Round) -> float:
+    return costs.round_ms(r.nodes, tdes, saba)
+
+
+def checks(cells: list[dict], pairs: dict[str, dict]) -> dict:
+    """The issue's done-when targets on these cells."""
+    n = len(cells)
+
+    def share(pred) -> float:
+        return sum(bool(pred(c["rows"])) for c in cells) / n
+
+    mean = {k: sum(c["rows"][k]["speedup"] for c in cells) / n for k, _ in ROWS}
+    return {
+        "n_cells": n,
+        "graft_at_least_hindsight": share(lambda r: r["graft"]["speedup"] >= r["hindsight"]["speedup"]),
+        "full_graft_at_least_hindsight": share(
+            lambda r: r["graft_learned"]["speedup"] >= r["hindsight"]["speedup"]
+        ),
+        "learned_at_least_saba_on_mean": mean["learned"] >= mean["saba"],
+        "full_graft_at_least_saba_graft_on_mean": mean["graft_learned"] >= mean["graft"],
+        "tdes_raises_a": share(lambda r: r["tdes"]["mean_accepted"] > r["ddtree"]["mean_accepted"]),
+        "tdes_keeps_or_raises_a": share(lambda r: r["tdes"]["mean_accepted"] >= r["ddtree"]["mean_accepted"]),
+        "mean_speedup": mean,
+        "max_overhead_ms": max(
+            max(p["overhead_ms_at_budget"], p["overhead_ms_at_graft_budget"]) for p in pairs.values()
+        ),
+    }
+
+
+def main(params: Params) -> dict:
+    validate(params)
+    apply_runtime(params)
+    t0 = time.perf_counter()
+    out = resolve(params.graft_eval.out_dir)
+    with stage_run("evaluate_graft", params):
+        cells, costs, pairs = [], {}, {}
+        for pair_id, drafter_id in zip(params.edges.pairs, params.edges.drafters, strict=True):
+            pair_cells, costs[pair_id], pairs[pair_id] = evaluate_pair(params, pair_id, drafter_id)
+            cells += pair_cells
+        table = markdown(cells)
+        metrics = {**checks(cells, pairs), "pairs": pairs, "seconds": time.perf_counter() - t0}
+        out.mkdir(parents=True, exist_ok=True)
+        for name, obj in (("costs.json", {p: c.to_json() for p, c in costs.items()}), ("cells.json", cells),
+                          ("metrics.json", metrics)):  # fmt: skip
+            replace_atomically(out / name, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+        replace_atomically(out / "graft.md", table.encode())
+        log_metrics(metrics)
+    print(table)
+    return metrics
+
+
+if __name__ == "__main__":
+    run_stage("evaluate_graft", main)

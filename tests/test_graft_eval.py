@@ -1,0 +1,260 @@
+"""GRAFT's evaluation rows: the budget walk reproduces decoding, the lossless gate, the mismatch
+count, the measured costs, and the evaluate_graft stage end to end on a tiny workspace."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import noisy_copy, tiny_model
+from dvc_outputs import declared_paths
+from test_edges import tiny_edges_params, workspace  # noqa: F401  (the module fixture)
+from test_lossless import EOS, prompts, reference
+
+from collectors.edges import RecordingProposer, tree_match
+from collectors.graft_budget import choice_specs, learned_budget
+from collectors.graft_costs import GraftCosts, measure_costs
+from collectors.graft_eval import Round, decode_arm, lossless_gate, walk_budgets
+from collectors.latency import LatencyProfile, load_profile, save_profile
+from collectors.plan import load_registered_pair
+from decoder.block_drafter import BlockDrafter, BlockDrafterConfig, BlockDrafterNet, load_block_drafter
+from decoder.block_proposers import CausalLMProposer
+from decoder.config import BlockConfig, DecodeConfig
+from decoder.edge_scorer import EdgeScorer, load_edge_scorer
+from decoder.generate import generate
+from decoder.models import make_pair
+from decoder.tree import DraftTree
+from pipeline import collect_edges, evaluate_graft, fit_edges
+from pipeline.cli import stage_params
+
+M, K = 4, 4
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", seed=41)
+    return make_pair(target, noisy_copy(target, noise=0.3, seed=42), eos_token_ids=(EOS,))
+
+
+def scorer_for(vocab: int, k: int, seed: int = 0) -> EdgeScorer:
+    rng = np.random.default_rng(seed)
+    h = 8
+    return EdgeScorer(rng.normal(size=(vocab, h)), rng.normal(size=(vocab, h)), rng.normal(size=(k, h)),
+                      rng.normal(size=h), 0.1, 2.0)  # fmt: skip
+
+
+def test_the_budget_walk_is_the_round_sequence_of_decoding_at_every_budget(pair) -> None:
+    """One check of the largest tree per start position gives, for each B, exactly the rounds that
+    decoding at B goes through (accepted, emitted, size, mismatch counts)."""
+    deepest = mismatched = 0
+    for prompt in prompts(pair.vocab_size, 2, seed=7):
+        proposer = CausalLMProposer(pair.mid, pair.vocab_size, K)
+        ref = decode_arm(pair, proposer, None, prompt, 20, M, 30)
+        assert ref.tokens == reference(pair.target, prompt, 30)
+        feats = lossless_gate(pair, prompt, ref.tokens, ())
+        walk = walk_budgets(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats, 20, M,
+                            pair.vocab_size)  # fmt: skip
+        for b in (1, 2, 5, 11, 20):
+            run = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), None, prompt, b, M, 30)
+            assert walk.at(b) == run.rounds, f"B={b}"
+            assert sum(r.emitted for r in run.rounds) == len(run.tokens) == 30
+        deepest = max(deepest, max(r.accepted for r in walk.at(20)))
+        mismatched += sum(r.mismatched for r in walk.at(20))
+    assert deepest >= 2
+    assert mismatched > 0, "no mismatched node: the count would go untested"
+
+
+def test_the_budget_walk_with_tdes_is_the_round_sequence_of_tdes_decoding(pair) -> None:
+    """The same exactness with the edge scorer ranking the tree, sharing the drafter's proposals."""
+    scorer = scorer_for(pair.vocab_size, K, seed=5)
+    prompt = prompts(pair.vocab_size, 1, seed=13)[0]
+    ref = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), None, prompt, 20, M, 30)
+    feats = lossless_gate(pair, prompt, ref.tokens, ())
+    proposals: dict = {}
+    plain = walk_budgets(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats, 20, M,
+                         pair.vocab_size, None, proposals)  # fmt: skip
+    tdes = walk_budgets(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats, 20, M,
+                        pair.vocab_size, scorer, proposals)  # fmt: skip
+    differs = False
+    for b in (1, 3, 8, 20):
+        run = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), scorer, prompt, b, M, 30)
+        assert run.tokens == ref.tokens
+        assert tdes.at(b) == run.rounds, f"B={b}"
+        differs |= tdes.at(b) != plain.at(b)
+    assert differs, "TDES ranked every tree as the marginals did: the scorer would go untested"
+
+
+def priced_costs(verify_points: tuple, ar_ms: float = 10.0) -> GraftCosts:
+    return GraftCosts(pair_id="tiny", clock="wall", context_len=8, drafter_ms=0.0, build_points=((1, 0.0),),
+                      tdes_build_points=((1, 0.0),), saba_ms=0.0, verify_points=verify_points,
+                      ar_token_ms=ar_ms)  # fmt: skip
+
+
+def test_the_learned_budget_follows_the_price_of_a_node(pair) -> None:
+    """Free nodes: the smallest B reaching the most tokens per round; costly nodes: B = 1; and the
+    chosen B has the best pooled speedup of the grid."""
+    walks = []
+    for prompt in prompts(pair.vocab_size, 2, seed=17):
+        ref = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), None, prompt, 16, M, 30)
+        feats = lossless_gate(pair, prompt, ref.tokens, ())
+        walks.append(walk_budgets(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats,
+                                  16, M, pair.vocab_size))  # fmt: skip
+    for verify in (((1, 1.0), (17, 1.0)), ((1, 1.0), (17, 1000.0))):
+        costs = priced_costs(verify)
+
+        def price(r: Round, costs: GraftCosts = costs) -> float:
+            return costs.round_ms(r.nodes, False, False)
+
+        budget, curve = learned_budget(walks, price, costs.ar_token_ms, 16)
+        assert len(curve) == 16 and curve[budget - 1] == max(curve)
+        per_round = [sum(len(w.at(b)) for w in walks) for b in range(1, 17)]
+        if verify[1][1] == 1.0:  # every round costs the same: fewest rounds wins, smallest such B
+            assert budget == 1 + per_round.index(min(per_round)) and budget > 1
+        else:
+            assert budget == 1
+    with pytest.raises(ValueError, match="at least one"):
+        learned_budget([], price, 1.0, 4)
+
+
+def test_the_gates_features_are_the_verifiers_for_a_block_drafter(pair) -> None:
+    """The walk's drafter reads the teacher-forced features: they give the marginals decoding saw."""
+    target = pair.target
+    cfg = BlockDrafterConfig(k=K, target_layers=(1, 2), context=6, layers=1, d_model=32, heads=2, ffn=64,
+                             target_hidden=target.config.hidden_size, vocab_size=pair.vocab_size)  # fmt: skip
+    torch.manual_seed(3)
+    net = BlockDrafterNet(cfg)
+    net.attach(target)
+    drafter = RecordingProposer(BlockDrafter(net))
+    prompt = prompts(pair.vocab_size, 1, seed=9)[0]
+    config = DecodeConfig(max_new_tokens=20, block=BlockConfig(budget=8, topk=M, k=K))
+    res = generate(pair, prompt, "ddtree", config, timing=False, proposer=drafter)
+    feats = lossless_gate(pair, prompt, res.new_tokens, cfg.target_layers)
+    seq = prompt + res.new_tokens
+    assert len(drafter.calls) > 3
+    for n, marg in drafter.calls:
+        again = drafter.inner.propose(feats[: n - 1], seq[:n], M)
+        assert np.array_equal(again.ids, marg.ids)
+        np.testing.assert_allclose(again.logps, marg.logps, atol=1e-4)
+
+
+def test_the_lossless_gate_names_the_first_wrong_token(pair) -> None:
+    prompt = prompts(pair.vocab_size, 1, seed=3)[0]
+    out = reference(pair.target, prompt, 12)
+    lossless_gate(pair, prompt, out, ())
+    bad = list(out)
+    bad[5] = (bad[5] + 1) % pair.vocab_size
+    with pytest.raises(RuntimeError, match="output token 5"):
+        lossless_gate(pair, prompt, bad, ())
+
+
+def test_tree_match_counts_a_target_token_under_the_wrong_parent() -> None:
+    tree = DraftTree(0)
+    a, _ = tree.add_child(0, 5, -0.1)  # on the path (greedy[0] = 5)
+    b, _ = tree.add_child(0, 6, -0.2)  # off it
+    tree.add_child(a, 8, -0.3)  # greedy[1] = 7, not carried here
+    tree.add_child(b, 7, -0.3)  # the target's depth-2 token under the wrong parent
+    got = tree_match(tree, [5, 7, 9])
+    assert (got.accepted, got.target_nodes, got.mismatched) == (1, 1, 1)
+    tree.add_child(a, 7, -0.4)  # now also under the right one
+    got = tree_match(tree, [5, 7, 9])
+    assert (got.accepted, got.target_nodes, got.mismatched) == (2, 2, 1)
+    assert tree_match(tree, [5]).target_nodes == 0  # depth 2 lies past the continuation's end
+
+
+def test_decoding_with_a_scorer_rebuilds_its_own_trees(pair) -> None:
+    prompt = prompts(pair.vocab_size, 1, seed=11)[0]
+    scorer = scorer_for(pair.vocab_size, K)
+    proposer = CausalLMProposer(pair.mid, pair.vocab_size, K)
+    run = decode_arm(pair, proposer, scorer, prompt, 9, M, 24)  # raises if a rebuilt round differs
+    assert run.tokens == reference(pair.target, prompt, 24)
+    assert {r.nodes for r in run.rounds} == {9}
+
+
+def tiny_profile(path, ar_ms: float = 2.0) -> None:
+    save_profile(
+        LatencyProfile(
+            pair="tiny", device="cpu", device_name="test", torch_threads=1, clock="thread_cpu",
+            torch_version=torch.__version__, dtype="float32", context_len=32, warmup=0, repeats=1,
+            samples_per_repeat=1, verify_points=((1, 1.0), (16, 1.6), (64, 4.0)), mid_tokens=(),
+            mid_fed=(), mid_grid_ms=(), mid_end_ms=0.0, ngram_step_ms=0.0, ngram_node_ms=0.0,
+            ngram_mean_frontier=0.0, decision_ms=0.0, ar_token_ms=ar_ms, tree_points=((1, 0.0),),
+        ),
+        path,
+    )  # fmt: skip
+
+
+def test_measured_costs_cover_every_size_and_price_bigger_trees_higher(pair, tmp_path) -> None:
+    tiny_profile(tmp_path / "tiny.json")
+    profile = load_profile(tmp_path / "tiny.json")
+    prompt = prompts(pair.vocab_size, 1, seed=2)[0]
+    proposer = CausalLMProposer(pair.mid, pair.vocab_size, K)
+    costs = measure_costs(pair, "tiny", proposer, scorer_for(pair.vocab_size, K), profile, prompt, M,
+                          [1, 4, 16], 0, 1, 1)  # fmt: skip
+    assert [n for n, _ in costs.build_points] == [1, 4, 16] == [n for n, _ in costs.tdes_build_points]
+    assert costs.drafter_ms > 0 and costs.saba_ms >= 0
+    assert costs.round_ms(16, True, True) > costs.round_ms(1, True, True)  # verification grows
+    c_verify, c_fixed = costs.saba_line(16, False)
+    assert 1 <= costs.saba(16, False) <= 16 and c_verify > 0 and c_fixed > 0
+
+
+def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
+    params = tiny_edges_params(workspace)
+    collect_edges.main(stage_params("collect_edges", params))
+    fit_edges.main(stage_params("fit_edges", params))
+    tiny_profile(workspace / "profile" / "tiny.json")
+    graft = {"out_dir": str(workspace / "graft"), "prompts_per_cell": 1, "max_new_tokens": 10,
+             "budget_max": 20,
+             "cost_sizes": [1, 8, 20], "warmup": 0, "repeats": 1, "passes": 1}  # fmt: skip
+    held_back = {"datasets": ["code", "chat"], "held_out_datasets": ["chat"], "prompt_start": 2}
+    overrides = {"graft_eval": graft, "evaluate": held_back}
+    params = tiny_edges_params(workspace, extra=overrides)
+    metrics = evaluate_graft.main(stage_params("evaluate_graft", params))
+    for path in declared_paths(params, ["evaluate_graft"])["evaluate_graft"]:
+        assert path.is_file(), path
+    cells = json.loads((workspace / "graft" / "cells.json").read_text())
+    assert {c["dataset_id"] for c in cells} == set(params.evaluate.datasets)
+    for c in cells:
+        rows = c["rows"]
+        assert rows["ddtree"]["budget"] == params.edges.budget
+        # the hindsight row is the best of a grid that holds the fixed budget
+        assert rows["hindsight"]["speedup"] >= rows["ddtree"]["speedup"] - 1e-12
+        assert 1 <= rows["hindsight"]["budget"] <= 20
+    assert metrics["n_cells"] == len(cells) and metrics["pairs"]["tiny"]["walk_equals_decoding"] == 1.0
+    assert "| tiny |" in (workspace / "graft" / "graft.md").read_text()
+    choice = metrics["pairs"]["tiny"]["learned_budget"]
+    # chosen on the collect slice of the fitting edges datasets only: "chat" is held out
+    assert choice["questions"] == {"code": [0, 2]} and choice["prompts"] == 2
+    for c in cells:
+        rows = c["rows"]
+        assert rows["learned"]["budget"] == choice["plain"]["budget"]
+        assert rows["graft_learned"]["budget"] == choice["tdes"]["budget"]
+    assert isinstance(metrics["full_graft_at_least_hindsight"], float)
+    assert "learned B" in (workspace / "graft" / "graft.md").read_text()
+
+
+def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None:  # noqa: F811
+    """Other held-back prompts (another prompt_start, another dataset list) leave B_learned and its
+    collect-prompt curve unchanged; a collect slice reaching the held-back prompts is refused."""
+    graft = {"out_dir": str(workspace / "graft"), "prompts_per_cell": 1, "max_new_tokens": 10,
+             "budget_max": 20}  # fmt: skip
+    got = []
+    for start, datasets in ((2, ["code", "chat"]), (3, ["chat"])):
+        held_back = {"datasets": datasets, "held_out_datasets": ["chat"], "prompt_start": start}
+        params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
+        if not (workspace / "fit" / "scorers" / "tiny").exists():
+            collect_edges.main(stage_params("collect_edges", params))
+            fit_edges.main(stage_params("fit_edges", params))
+        pair = load_registered_pair(params, "tiny")
+        drafter = load_block_drafter(workspace / "zoo" / "block-tiny", pair.target)
+        scorer, _ = load_edge_scorer(workspace / "fit" / "scorers" / "tiny", vocab_size=pair.vocab_size,
+                                     k=drafter.k)  # fmt: skip
+        costs = priced_costs(((1, 1.0), (8, 1.5), (21, 4.0)))
+        choice = evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs)
+        got.append({k: v for k, v in choice.items() if k != "seconds"})
+    assert got[0] == got[1]
+    held_back = {"datasets": ["code"], "held_out_datasets": ["chat"], "prompt_start": 1}
+    params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
+    with pytest.raises(ValueError, match="held-back prompts must stay unseen"):
+        choice_specs(params, "tiny")

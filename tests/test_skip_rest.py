@@ -1,0 +1,170 @@
+"""The student's skip-the-rest-of-the-round rule: decided steps, pricing and the offline walk.
+
+A score below threshold - skip_rest_below skips every later step of the round without deciding;
+the decoder records which steps were decided, the pricing charges only those, the replay that
+prices held-back prompts counts the same, and the decision-priced walk that chooses the gate
+offline reproduces a step-by-step walk written out here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+from conftest import noisy_copy, tiny_model
+from test_policy_replay import _prompts
+from test_scheduler_export import student_artifact
+
+from collectors.latency import counts_from_round
+from collectors.policy_replay import replay_policy
+from collectors.replay import Replayer
+from decoder.artifact import ManifestError
+from decoder.config import DecodeConfig
+from decoder.generate import generate
+from decoder.models import make_pair
+from decoder.policies import RuntimeContext, StepContext, schedule_bits
+from decoder.scheduler import load_scheduler
+from features.round_states import fixed_schedule_pct, priced_walk_pct
+
+RUNTIME = RuntimeContext(prompt_tokens=20, target_ms=2.0, mid_ms=1.0)
+
+
+class Scripted:
+    """Stands in for the MLP and the features: the scores of successive decisions, counted."""
+
+    def __init__(self, scores: list[float]) -> None:
+        self.scores, self.asked = list(scores), 0
+
+    def features(self, ctx: StepContext) -> np.ndarray:
+        self.asked += 1
+        return np.zeros(17)
+
+    def net(self, z: np.ndarray) -> float:
+        return self.scores.pop(0)
+
+
+def _ctx(step: int) -> StepContext:
+    return StepContext(step, 5, (), None, RUNTIME)  # type: ignore[arg-type]  # unused by the script
+
+
+def test_a_low_score_skips_the_rest_of_the_round_without_deciding(tmp_path) -> None:
+    _, path = student_artifact(tmp_path / "s", threshold=0.5, skip_rest_below=1.0)
+    sched = load_scheduler(path, 5, 10)
+    script = Scripted([0.9, 0.0, -0.7, 0.2])  # invoke, skip (above 0.5 - 1), skip and stop; round 2
+    sched.net, sched.features = script.net, script.features
+    answers = []
+    for step in range(1, 6):
+        answers.append((sched(_ctx(step)), sched.decided))
+    assert answers == [(True, True), (False, True), (False, True), (False, False), (False, False)]
+    assert script.asked == 3  # no features computed for the skipped steps
+    assert (sched(_ctx(1)), sched.decided) == (False, True)  # a new round decides again
+    assert script.asked == 4
+
+
+def test_the_gate_is_a_checked_manifest_field(tmp_path) -> None:
+    _, path = student_artifact(tmp_path / "s")
+    sched = load_scheduler(path, 5, 10)
+    assert sched.skip_rest_below is None  # absent: every step decides
+    for i, bad in enumerate((-0.5, float("nan"), "1")):
+        with pytest.raises(ManifestError, match="skip_rest_below"):
+            student_artifact(tmp_path / f"bad{i}", skip_rest_below=bad)
+
+
+@pytest.mark.parametrize("gate", [None, 0.01])
+def test_decoding_counts_and_replay_count_the_decisions_taken(tmp_path, gate) -> None:
+    target = tiny_model("qwen3", seed=81)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=82), eos_token_ids=(0,))
+    config = DecodeConfig(max_new_tokens=24)
+    extra = {} if gate is None else {"skip_rest_below": gate}
+    # with this random student and threshold the gated rounds stop after 1 to 4 decisions
+    _, path = student_artifact(tmp_path / "s", seed=4, y_mean=-0.35, threshold=-0.6, **extra)
+    replayer = Replayer(pair, config, [schedule_bits(s, 5) for s in range(32)], round_table_stride=0)
+    per_round = []
+    for prompt in _prompts(3, seed=83):
+        live, replayed = load_scheduler(path, 5, 10), load_scheduler(path, 5, 10)
+        res = generate(pair, prompt, live, config, runtime=RUNTIME)
+        assert res.new_tokens == generate(pair, prompt, "ar", config).new_tokens  # still lossless
+        traj = replay_policy(replayer, replayer.inputs(prompt), replayed, RUNTIME)
+        for real, rep in zip(res.rounds, traj.rounds, strict=True):
+            decided = [s.decided for s in real.steps]
+            n = sum(decided)
+            assert decided == [True] * n + [False] * (5 - n)  # undecided steps only at the end
+            assert not any(s.used_mid for s in real.steps[n:])  # and they skip
+            assert counts_from_round(real).decisions == n == rep.counts().decisions
+            per_round.append(n)
+    if gate is None:
+        assert set(per_round) == {5}
+    else:
+        assert len(set(per_round)) > 1 and max(per_round) < 5, "the gate fired alike in every round"
+
+
+def _tables(rng: random.Random, depth: int = 3):
+    starts = [("r1", 0, 0), ("r1", 0, 7), ("r2", 1, 0)]
+    outcomes, states = [], []
+    for report, prompt, start in starts:
+        for sid in range(2**depth):
+            outcomes.append((report, prompt, start, sid, rng.randrange(0, 6), rng.uniform(5, 9), 0.4))
+        for k in range(1, depth + 1):
+            for prefix in itertools.product("01", repeat=k - 1):
+                states.append((report, prompt, start, k, "".join(prefix), rng.uniform(-2, 2), 0.25))
+    out = pl.DataFrame(
+        outcomes,
+        schema=["report_id", "prompt_id", "start_position", "schedule_id", "accepted", "round_latency_ms",
+                "decision_ms"], orient="row",
+    )  # fmt: skip
+    st = pl.DataFrame(
+        states, schema=["report_id", "prompt_id", "start_position", "step", "prefix", "score", "threshold"],
+        orient="row",
+    )  # fmt: skip
+    return out.with_columns(pl.col("schedule_id").cast(pl.Int16)), st
+
+
+def _by_hand(out: pl.DataFrame, st: pl.DataFrame, depth: int, gate: float | None) -> float:
+    row = {
+        (r["report_id"], r["prompt_id"], r["start_position"], r["step"], r["prefix"]): r
+        for r in st.to_dicts()
+    }
+    res = {(r["report_id"], r["prompt_id"], r["start_position"], r["schedule_id"]): r for r in out.to_dicts()}
+    starts = sorted({k[:3] for k in res})
+    pct: dict[str, list[float]] = {}
+    for s in starts:
+        prefix, skipping, decisions = "", False, 0
+        for k in range(1, depth + 1):
+            if skipping:
+                prefix += "0"
+                continue
+            r = row[(*s, k, prefix)]
+            decisions += 1
+            invoke = r["score"] > r["threshold"]
+            prefix += "1" if invoke else "0"
+            skipping = gate is not None and not invoke and r["score"] < r["threshold"] - gate
+        sid = next(
+            i
+            for i in range(2**depth)
+            if "".join("1" if b else "0" for b in schedule_bits(i, depth)) == prefix
+        )
+
+        def value(i: int, n: int, s=s) -> float:
+            o = res[(*s, i)]
+            return (o["accepted"] + 1) / (o["round_latency_ms"] - (depth - n) * o["decision_ms"])
+
+        pct.setdefault(s[0], []).append(
+            100 * value(sid, decisions) / max(value(i, 0) for i in range(2**depth))
+        )
+    return float(np.mean([np.mean(v) for v in pct.values()]))
+
+
+def test_priced_walk_matches_a_walk_written_out_step_by_step() -> None:
+    rng = random.Random(5)
+    for _ in range(5):
+        out, st = _tables(rng)
+        for gate in (None, 0.0, 0.8, 3.0):
+            assert priced_walk_pct(out, st, 3, gate) == pytest.approx(_by_hand(out, st, 3, gate))
+        # a walk that never invokes and stops at step 1 is All-Small plus one decision's cost
+        never = st.with_columns(score=pl.lit(-9.0))
+        small = fixed_schedule_pct(out, 3, 0)
+        stopped = priced_walk_pct(out, never, 3, 0.0)
+        assert stopped < small  # the one decision costs something, All-Small pays none
