@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 from pathlib import Path
 
 import torch
@@ -46,6 +47,18 @@ def tiny_model(arch: str, seed: int, logit_scale: float = 4.0, **kw) -> torch.nn
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
     return model.eval()
+
+
+def repeated_prompts(n: int, seed: int, base: tuple[int, int], cut: tuple[int, int]) -> list[list[int]]:
+    """n token prompts (ids 1..95) that repeat a random base three times, cut to a random length,
+    plus one last random token: the n-gram drafter finds matches in them. ``base`` and ``cut`` are
+    the half-open ranges of the base length and of the cut."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        motif = [rng.randrange(1, 96) for _ in range(rng.randrange(*base))]
+        out.append([*(motif * 3)[: rng.randrange(*cut)], rng.randrange(1, 96)])
+    return out
 
 
 def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from collect_workspace import (
     run_collect,
     spy_reports,
 )
-from conftest import noisy_copy, tiny_model
+from conftest import noisy_copy, repeated_prompts, tiny_model
 
 from collectors import report
 from collectors.execute import execute_prompt
@@ -38,12 +37,7 @@ SCHEDULES = [schedule_bits(s, 5) for s in range(32)]
 
 
 def repetitive_prompts(n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        base = [rng.randrange(1, 96) for _ in range(rng.randrange(5, 20))]
-        out.append([*(base * 3)[: rng.randrange(10, 50)], rng.randrange(1, 96)])
-    return out
+    return repeated_prompts(n, seed, base=(5, 20), cut=(10, 50))
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])

@@ -7,10 +7,8 @@ StepContext than RoundBuilder.build does, or built another tree, would diverge.
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from conftest import noisy_copy, tiny_model
+from conftest import noisy_copy, repeated_prompts, tiny_model
 
 from collectors.policy_replay import replay_policy
 from collectors.replay import Replayer
@@ -35,12 +33,7 @@ class TreeAware:
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        base = [rng.randrange(1, 96) for _ in range(rng.randrange(4, 12))]
-        out.append([*(base * 3)[: rng.randrange(10, 40)], rng.randrange(1, 96)])
-    return out
+    return repeated_prompts(n, seed, base=(4, 12), cut=(10, 40))
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])

@@ -8,12 +8,10 @@ start both hold, for every bit prefix the student took there, the vectors must a
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import polars as pl
 import pytest
-from conftest import noisy_copy, tiny_model
+from conftest import noisy_copy, repeated_prompts, tiny_model
 from test_latency import linear_profile
 
 from collectors.execute import execute_prompt
@@ -45,12 +43,7 @@ FAST = TrainConfig(epochs=20, batch_size=64, lr=0.01, weight_decay=0.0, seed=0)
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        base = [rng.randrange(1, 96) for _ in range(rng.randrange(5, 14))]
-        out.append([*(base * 3)[: rng.randrange(12, 40)], rng.randrange(1, 96)])
-    return out
+    return repeated_prompts(n, seed, base=(5, 14), cut=(12, 40))
 
 
 @pytest.fixture(scope="module")
