@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-gpu lint bench repro results bench-regimes ui clean
+.PHONY: setup test test-gpu lint bench repro results bench-regimes bench-real-pair ui clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,16 @@ repro: $(STAMP)
 
 bench-regimes: repro
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_regimes.py
+
+# The real Qwen2.5-Coder pair on this machine (opt-in, not in CI; ~1.4 GB download, ~25 min on 2
+# cores): build it, profile its cost curves, let the budget stage choose its shape (B*, policy or
+# AR), then decode held-back prompts side by side in bf16 and fp32 (benchmarks/bench_real_pair.py).
+bench-real-pair: repro
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,ray,real-pair]"
+	HF_HUB_OFFLINE=1 $(PY) -m models.real_pair
+	HF_HUB_OFFLINE=1 $(PY) -m pipeline.profile --profile real-pair
+	HF_HUB_OFFLINE=1 $(PY) -m pipeline.budget --profile real-pair
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_real_pair.py
 
 # Rewrites the README's results section from the outputs of the last `make repro`.
 results: $(STAMP)

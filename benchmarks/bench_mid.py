@@ -3,6 +3,8 @@
 Usage (after the zoo stage: artifacts/zoo/<mid>/ exist):
     .venv/bin/python benchmarks/bench_mid.py [--pairs zoo-m zoo-chat-m zoo-l] [--sizes 1 8 32 100]
         [--context 256] [--repeats 30] [--out artifacts/bench/mid.json]
+    .venv/bin/python benchmarks/bench_mid.py --profile real-pair --pairs qwen2.5-coder-1.5b-0.5b \
+        --sizes 1 8 32 --repeats 5 --out artifacts/bench/mid_real.json   # the real pair's 0.5B mid
 
 For each registered pair's mid model (loaded as decoder.models.load_pair loads it) and each n, on
 a cache of --context committed tokens (Python standard library source, tokenized), four calls
@@ -130,6 +132,7 @@ def bench_mid(model, tokenizer, sizes: list[int], context: int, repeats: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=None, help="params overlay, e.g. real-pair for the real pair")
     parser.add_argument("--pairs", nargs="+", default=list(PAIRS))
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 100])
     parser.add_argument("--context", type=int, default=256)
@@ -137,7 +140,7 @@ def main() -> None:
     parser.add_argument("--out", default="artifacts/bench/mid.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    params = load_params()
+    params = load_params(profile=args.profile)
     result = {}
     cols = ("plain ms", "rescore ms", "top_children ms", "mid_step ms", "rescore/plain", "mid_step/plain")
     print("| pair | mid | n | " + " | ".join(cols) + " |")

@@ -1,8 +1,9 @@
 """The budget stage's result file: each pair's verification budget, written atomically, read checked.
 
 Contract: ``<budget.out_dir>/budgets.json`` maps pair id -> an entry whose ``budget`` is the pair's
-`TreeConfig.budget` (verified nodes besides the root), an int in [1, tree.budget]; the entry's other
-keys are the measurements behind it (pipeline/budget.py). `write_budgets` replaces the file
+`TreeConfig.budget` (verified nodes besides the root), an int in [1, tree.budget], and whose
+``width`` and ``topk`` (when present) are its tree shape; the entry's other keys are the
+measurements behind it (pipeline/budget.py). `write_budgets` replaces the file
 atomically (temp file in the same folder, fsync, rename). `load_budgets` and `pair_budget` raise a
 `BudgetFileError` naming the file (and the pair or field) when it is missing, is not JSON, lacks the
 pair or holds a budget out of range, so no stage silently decodes with a budget nobody chose.
@@ -68,3 +69,20 @@ def pair_budget(params: Params, pair_id: str) -> int:
             "add the pair to collect.pairs or evaluate.pairs and rerun the budget stage"
         )
     return budgets[pair_id]
+
+
+def pair_shape(params: Params, pair_id: str) -> tuple[int, int]:
+    """The tree shape (width, topk) the budget stage chose for ``pair_id``: the entry's ``width``
+    and ``topk`` (positive ints) when it has them, else the ``tree`` section's (mode fixed, or an
+    entry measured with that one shape only). Call `pair_budget` first: it checks the entry exists."""
+    default = (params.tree.width, params.tree.topk)
+    if params.budget.mode == "fixed":
+        return default
+    path = budgets_path(params)
+    entry = json.loads(path.read_text(encoding="utf-8")).get(pair_id, {})
+    if "width" not in entry and "topk" not in entry:
+        return default
+    shape = (entry.get("width"), entry.get("topk"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape):
+        raise BudgetFileError(f"{path}: {pair_id}.width and .topk must be positive ints, got {shape}")
+    return shape[0], shape[1]

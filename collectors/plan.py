@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from collectors.budget_file import pair_budget
+from collectors.budget_file import pair_budget, pair_shape
 from collectors.latency import LatencyProfile, load_profile
 from collectors.prompts import Question, encode_prompts, load_questions
 from collectors.report import (
@@ -50,9 +50,11 @@ def tree_config(tree: TreeParams) -> TreeConfig:
 
 
 def pair_tree(params: Params, pair_id: str) -> TreeConfig:
-    """The pair's TreeConfig: the ``tree`` section with the verification budget the budget stage
-    chose for this pair (``<budget.out_dir>/budgets.json``)."""
-    return dataclasses.replace(tree_config(params.tree), budget=pair_budget(params, pair_id))
+    """The pair's TreeConfig: the ``tree`` section with the verification budget and tree shape
+    (width, topk) the budget stage chose for this pair (``<budget.out_dir>/budgets.json``)."""
+    budget = pair_budget(params, pair_id)  # first: it names the file on a missing file or pair
+    width, topk = pair_shape(params, pair_id)
+    return dataclasses.replace(tree_config(params.tree), budget=budget, width=width, topk=topk)
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,7 @@ def report_inputs(params: Params, spec: ReportSpec) -> dict[str, object]:
         "pair.template": pair.template,
         "profile": digest_json(dataclasses.asdict(profile_for(params, spec.pair_id))),
         "prompts": digest_json([dataclasses.asdict(q) for q in questions]),
-        **{f"tree.{k}": v for k, v in dataclasses.asdict(params.tree).items()},
-        "tree.budget": pair_budget(params, spec.pair_id),
+        **{f"tree.{k}": v for k, v in dataclasses.asdict(pair_tree(params, spec.pair_id)).items()},
         "collect.mode": cfg.mode,
         "collect.max_new_tokens": cfg.max_new_tokens,
         "collect.max_prompt_tokens": cfg.max_prompt_tokens,

@@ -4,9 +4,10 @@ Why it is exact: as in collectors/replay.py, lossless decoding commits the targe
 continuation g, and a round from L committed tokens accepts the longest path of its pruned tree
 that spells g[L:]. The scheduler is asked before each step with the StepContext that
 ``decoder.construct.RoundBuilder.build`` would give it (same tree, same history, same runtime
-facts), so it makes the decisions it makes in ``generate``, and the counts (verified nodes, mid call
-tokens, catch-up, small steps, decisions taken) are execute mode's. tests/test_policy_replay.py checks
-this against ``generate`` round by round.
+facts; ``start_generation`` before each prompt, as ``generate`` does), so it makes the decisions
+it makes in ``generate``, and the counts (verified nodes, mid call tokens, catch-up, small steps,
+decisions taken) are execute mode's. tests/test_policy_replay.py checks this against ``generate``
+round by round (tests/test_skip_rounds.py with the cross-round backoff).
 
 What is shared with the all-schedules replay: the continuation g and the target's rows (one
 ``ReplayInputs`` per prompt serves every policy), the mid drafter's KV of the committed text, and
@@ -22,7 +23,14 @@ from collectors.records import RoundRecord
 from collectors.replay import Branch, Replayer, ReplayInputs, Walk
 from decoder.construct import RoundBuilder
 from decoder.mid import TreeScores
-from decoder.policies import BuildState, RuntimeContext, Scheduler, StepContext, decision_taken
+from decoder.policies import (
+    BuildState,
+    RuntimeContext,
+    Scheduler,
+    StepContext,
+    decision_taken,
+    start_generation,
+)
 from decoder.state import tree_signals
 from decoder.tree import DraftTree
 
@@ -40,6 +48,7 @@ def replay_policy(
     """One scheduler's trajectory over one prompt, round by round, as ``generate`` would decode it."""
     cfg, pair = replayer.config.tree, replayer.pair
     text, depth = inputs.text, cfg.depth
+    start_generation(policy)  # as generate does: per-prompt scheduler state starts afresh
     ngram = replayer.ngram_with_rows(inputs.prompt, text)
     builder = RoundBuilder(cfg, ngram, None, lambda: 0.0)
     ngram.commit(inputs.prompt)

@@ -215,6 +215,9 @@ class BudgetParams:
     datasets: tuple[str, ...]  # prompts taken in turn from these
     prompts_per_pair: int  # from collect.prompt_start on, never reaching evaluate.prompt_start
     max_new_tokens: int
+    # (width, topk) tree shapes swept besides B; the best one priced wins. Empty: the tree section's
+    # own width and topk only (one sweep per shape: each costs a replay of every prompt).
+    shapes: tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,10 @@ FIELDS: dict[str, Field] = {
     # skip the rest of a round, without deciding, once the margin is < threshold - this (>= 0);
     # absent: decide every step. Chosen out of fold by distill (decision-priced round walk)
     "skip_rest_below": Field(_non_negative, required=False, kinds=("student",)),
+    # cross-round backoff cap c (an integer >= 0): after k idle deciding rounds in a row (no mid
+    # call), skip the next min(2^k - 1, c) rounds without deciding; absent or 0: decide every round.
+    # Chosen out of fold by distill (decision-priced walk with the backoff carried start to start)
+    "skip_rounds_max": Field(_int_at_least(0), required=False, kinds=("student",)),
     "targets": Field(_string, required=False, kinds=("value",)),
 }
 

@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from decoder.block import BlockProposer
 from decoder.block_decode import ddtree_generate
 from decoder.block_proposers import CausalLMProposer
-from decoder.config import DecodeConfig
+from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
 from decoder.device_rows import TorchRow
 from decoder.edge_scorer import EdgeScorer
@@ -41,7 +41,16 @@ from decoder.mid import MidDrafter
 from decoder.models import ModelPair, check_supported, context_of
 from decoder.ngram import NgramDrafter
 from decoder.outcome import GenerationResult, Output, RoundStats
-from decoder.policies import AR, DDTREE, RuntimeContext, Scheduler, StepContext, parse_policy, uses_mid
+from decoder.policies import (
+    AR,
+    DDTREE,
+    RuntimeContext,
+    Scheduler,
+    StepContext,
+    parse_policy,
+    start_generation,
+    uses_mid,
+)
 from decoder.sampling import sample_token
 from decoder.tensors import causal_block, forward_block
 from decoder.timing import make_clock, no_clock, zero_times
@@ -152,6 +161,7 @@ def generate(
     """
     config = config or DecodeConfig()
     parsed = parse_policy(policy, config.tree.depth)
+    start_generation(parsed)  # a scheduler's per-generation state (backoff) starts afresh
     prompt = [int(t) for t in prompt_ids]
     if parsed == DDTREE:
         if proposer is None:
@@ -310,6 +320,12 @@ def _parse_args(argv: list[str] | None):
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=TreeConfig().budget,
+        help="verified tree nodes besides the root (the budget stage's B* for a pair; small on CPUs)",
+    )
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--raw", action="store_true", help="do not apply the tokenizer's chat template")
@@ -323,14 +339,17 @@ def main(argv: list[str] | None = None) -> int:
     Exit status 2 with one `error: ...` line on stderr for bad input (flags, paths, prompts that do
     not fit, models that cannot be used); argparse reports malformed flags the same way.
     """
-    from decoder.measure import format_table, measure_policies
+    from decoder.measure import Method, format_table, policy_name, run_side_by_side, summarise_results
     from decoder.models import load_pair
 
     args = _parse_args(argv)
     try:
         if not math.isfinite(args.temperature):
             raise ValueError(f"--temperature must be a finite number, got {args.temperature}")
-        config = DecodeConfig(args.max_new_tokens, args.temperature, args.seed)
+        if args.budget < 1:
+            raise ValueError(f"--budget must be a positive number of tree nodes, got {args.budget}")
+        tree = TreeConfig(budget=args.budget)
+        config = DecodeConfig(args.max_new_tokens, args.temperature, args.seed, tree)
         parsed = parse_policy(args.policy, config.tree.depth)
         if uses_mid(parsed) and args.mid is None:
             raise ValueError(f"policy {args.policy!r} calls the mid drafter: pass --mid PATH")
@@ -346,8 +365,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"A = {res.mean_accepted_length:.2f}"
             )
             return 0
-        rows = measure_policies(pair, [ids], [AR, args.policy], config, timing=False)
-        res = generate(pair, ids, args.policy, config, timing=False)
+        name = policy_name(args.policy)
+        results = run_side_by_side(pair, [ids], [Method(name, args.policy)], config, timing=False)
+        rows = summarise_results(results, config.temperature)
+        res = results[name][0]
     except (ValueError, OSError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

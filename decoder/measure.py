@@ -118,7 +118,14 @@ def measure_policies(
     config = config or DecodeConfig()
     methods = [Method(policy_name(p), p) for p in policies]
     results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens, timing)
-    lossless = lossless_flags(results) if config.temperature == 0 else dict.fromkeys(results, True)
+    return summarise_results(results, config.temperature)
+
+
+def summarise_results(
+    results: dict[str, list[GenerationResult]], temperature: float
+) -> dict[str, PolicyMeasurement]:
+    """Per-method measurements of `run_side_by_side`'s results (greedy: checked against AR's)."""
+    lossless = lossless_flags(results) if temperature == 0 else dict.fromkeys(results, True)
     ar = results[AR]
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
     return {n: summarise(n, res, ar_tps, lossless[n]) for n, res in results.items()}

@@ -58,6 +58,57 @@ def decision_taken(scheduler: object) -> bool:
     return bool(getattr(scheduler, "decided", True))
 
 
+class RoundBackoff:
+    """Cross-round exponential backoff, one generation's state (the rule of
+    decoder.scheduler.LearnedScheduler's ``skip_rounds_max`` and of the offline walk that chooses
+    it, features.round_states.backoff_walk_pct).
+
+    A round is idle when it decided and called the mid drafter at none of its steps. After k idle
+    rounds in a row, the next min(2^k - 1, cap) rounds are skipped whole (no decisions); the round
+    after a skip-run decides again; a round that calls the mid drafter sets k back to 0. cap 0:
+    never skip. Skipped rounds neither count as idle nor reset k.
+    """
+
+    def __init__(self, cap: int) -> None:
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"backoff cap (skip_rounds_max) must be an integer >= 0, got {cap!r}")
+        self.cap = cap
+        self.reset()
+
+    def reset(self) -> None:
+        self._idle = 0  # k, capped where 2^k - 1 >= cap (so it never grows without bound)
+        self._left = 0  # rounds still to skip in the current skip-run
+        self._open = False  # a deciding round is open; its outcome is settled when the next starts
+        self._invoked = False
+
+    def start_round(self) -> bool:
+        """Begin a round (settling the one before it); True when this round is skipped whole."""
+        if self._open:
+            if self._invoked:
+                self._idle = 0
+            else:
+                self._idle = min(self._idle + 1, self.cap.bit_length())
+                self._left = min(2**self._idle - 1, self.cap)
+        skipped = self._left > 0
+        self._left -= skipped
+        self._open, self._invoked = not skipped, False
+        return skipped
+
+    def invoked(self) -> None:
+        """The open round called the mid drafter."""
+        self._invoked = True
+
+
+def start_generation(scheduler: object) -> None:
+    """Tell a scheduler that a new generation (one prompt) starts: one that carries state from
+    round to round (decoder.scheduler.LearnedScheduler's cross-round backoff) has ``reset()``, which
+    is called here; any other scheduler is left as it is. ``generate`` and the policy replay call
+    this once per prompt, so the state never leaks from one prompt into the next."""
+    reset = getattr(scheduler, "reset", None)
+    if callable(reset):
+        reset()
+
+
 @dataclass(frozen=True)
 class FixedSchedule:
     """Invoke the mid drafter at the steps whose bit is set."""

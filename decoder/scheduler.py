@@ -31,7 +31,7 @@ from decoder.artifact import (
     write_artifact,
 )
 from decoder.planning import HEADS, search_margins, suffix_feature_names
-from decoder.policies import RuntimeContext, StepContext
+from decoder.policies import RoundBackoff, RuntimeContext, StepContext
 from decoder.state import SIGNAL_NAMES, context_features, history_features, state_feature_names, tree_signals
 
 __all__ = [
@@ -142,6 +142,15 @@ class LearnedScheduler:
     With ``skip_rest_below`` = g in the manifest, a margin below threshold - g also skips every
     later step of the round without deciding (no tree signals, no MLP): ``decided`` is then False
     for those steps, and the decoder counts (and the pricing charges) only the decisions taken.
+
+    With ``skip_rounds_max`` = c > 0 (cross-round backoff): a round is idle when the student called
+    the mid drafter at none of its steps. After k idle rounds in a row in which it decided, the next
+    min(2^k - 1, c) rounds are skipped whole without deciding (every step answers False with
+    ``decided`` False); the round after a skip-run decides again, and a round that calls the mid
+    drafter sets k back to 0 (decoder.policies.RoundBackoff). A round starts at step 1. The state
+    belongs to one generation:
+    :meth:`reset` (called through decoder.policies.start_generation by ``generate`` and by the
+    policy replay for every prompt) starts it afresh.
     """
 
     def __init__(self, art: Artifact, signals: Sequence[str]) -> None:
@@ -151,9 +160,17 @@ class LearnedScheduler:
         self.threshold = float(art.manifest["threshold"])
         gate = art.manifest.get("skip_rest_below")
         self.skip_rest_below = None if gate is None else self.threshold - float(gate)
+        self.skip_rounds_max = int(art.manifest.get("skip_rounds_max", 0))
+        self.backoff = RoundBackoff(self.skip_rounds_max)
         self.features = _OnlineFeatures(signals, int(art.manifest["width"]))
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a generation: no round open, no idle rounds counted, nothing to skip."""
         self.decided = True  # whether the last call decided (see decoder.policies.decision_taken)
-        self._rest_skipped = False
+        self._rest_skipped = False  # the rest of this round is skipped (skip_rest_below)
+        self._round_skipped = False  # this whole round is skipped (backoff)
+        self.backoff.reset()
 
     def margin(self, z: np.ndarray) -> float:
         """Predicted margin (manifest ``margin_units``) for one state vector z."""
@@ -168,13 +185,14 @@ class LearnedScheduler:
                 f"scheduler was trained for D = {self.depth}, the decoder runs D = {ctx.depth}"
             )
         if ctx.step == 1:
-            self._rest_skipped = False
-        if self._rest_skipped:
+            self._round_skipped, self._rest_skipped = self.backoff.start_round(), False
+        if self._round_skipped or self._rest_skipped:
             self.decided = False
             return False
         self.decided = True
         score = float(self.net(self.features(ctx)))
         if score > self.threshold:
+            self.backoff.invoked()
             return True
         if self.skip_rest_below is not None and score < self.skip_rest_below:
             self._rest_skipped = True

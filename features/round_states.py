@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import polars as pl
 import pyarrow as pa
 
-from decoder.policies import schedule_bits
+from decoder.policies import RoundBackoff, schedule_bits
 from decoder.state import (
     CONTEXT_NAMES,
     SIGNAL_NAMES,
@@ -37,6 +37,7 @@ from features.collect_schemas import rounds_spec
 from features.tables import SchemaError
 
 KEY = ("report_id", "prompt_id", "start_position", "step", "prefix")
+START = list(KEY[:3])  # one round-table start
 TIMINGS = CONTEXT_NAMES[1:]  # target_ms, mid_ms, log_target_mid_ratio: per report
 OUTCOMES = ("invoke_tok_per_s", "skip_tok_per_s", "margin_tok_per_s", "margin_relative")
 
@@ -192,22 +193,15 @@ def round_outcomes(rounds: pa.Table) -> pl.DataFrame:
     return pl.from_arrow(rounds.select([*cols, "decision_ms"]))
 
 
-def priced_walk_pct(
-    outcomes: pl.DataFrame, states: pl.DataFrame, depth: int, skip_rest_below: float | None
-) -> float:
-    """Walk each round start's states by ``score`` > ``threshold`` (columns of ``states``, with
-    the start keys, step and prefix) and price the reached schedule with the decisions the walk
-    took: a score below threshold - ``skip_rest_below`` skips every later step of the round
-    without deciding (None: never). The value, (accepted + 1) / (round ms less the decisions not
-    taken), as % of the round's best fixed schedule, priced with no decisions at all (a fixed
-    schedule decides nothing); mean over starts per report, then over reports."""
-    start = ["report_id", "prompt_id", "start_position"]
-    lookup = states.select(*start, "step", "prefix", "score", "threshold")
+def _walk(states: pl.DataFrame, depth: int, skip_rest_below: float | None) -> pl.DataFrame:
+    """Per round start: the schedule the walk by score > threshold reaches (``schedule``, step 1
+    first) and the decisions it took (``decisions``); see :func:`priced_walk_pct`."""
+    lookup = states.select(*START, "step", "prefix", "score", "threshold")
     walk = lookup.filter(pl.col("step") == 1).select(
-        *start, prefix=pl.lit(""), skipping=pl.lit(False), decisions=pl.lit(0)
+        *START, prefix=pl.lit(""), skipping=pl.lit(False), decisions=pl.lit(0, pl.Int64)
     )
     for k in range(1, depth + 1):
-        walk = walk.join(lookup.filter(pl.col("step") == k).drop("step"), on=[*start, "prefix"], how="left")
+        walk = walk.join(lookup.filter(pl.col("step") == k).drop("step"), on=[*START, "prefix"], how="left")
         if walk["score"].null_count():
             raise ValueError(f"round states: a walk reaches a step-{k} prefix the table lacks")
         deciding = ~pl.col("skipping")
@@ -222,14 +216,19 @@ def priced_walk_pct(
             decisions=pl.col("decisions") + deciding.cast(pl.Int64),
             skipping=pl.col("skipping") | stop,
         ).drop("score", "threshold")
+    return walk.select(*START, schedule="prefix", decisions="decisions")
+
+
+def _priced_pct(outcomes: pl.DataFrame, walk: pl.DataFrame, depth: int) -> float:
+    """Each start's reached schedule priced with the walk's decisions, as % of the start's best
+    fixed schedule priced with none; mean over starts per report, then over reports."""
     tokens = 1e3 * (pl.col("accepted").cast(pl.Float64) + 1)
     undecided = pl.col("round_latency_ms") - depth * pl.col("decision_ms")
-    best = outcomes.group_by(start).agg((tokens / undecided).max().alias("best"))
+    best = outcomes.group_by(START).agg((tokens / undecided).max().alias("best"))
     reached = (
-        walk.rename({"prefix": "schedule"})
-        .join(_schedules(depth), on="schedule", how="left")
-        .join(outcomes, on=[*start, "schedule_id"], how="left")
-        .join(best, on=start, how="left")
+        walk.join(_schedules(depth), on="schedule", how="left")
+        .join(outcomes, on=[*START, "schedule_id"], how="left")
+        .join(best, on=START, how="left")
     )
     if reached["accepted"].null_count():
         raise ValueError("round states: a walk reaches a schedule the round table lacks")
@@ -238,6 +237,63 @@ def priced_walk_pct(
         reached.with_columns(pct=100 * value / pl.col("best")).group_by("report_id").agg(pl.col("pct").mean())
     )
     return float(per_report["pct"].mean())
+
+
+def priced_walk_pct(
+    outcomes: pl.DataFrame, states: pl.DataFrame, depth: int, skip_rest_below: float | None
+) -> float:
+    """Walk each round start's states by ``score`` > ``threshold`` (columns of ``states``, with
+    the start keys, step and prefix) and price the reached schedule with the decisions the walk
+    took: a score below threshold - ``skip_rest_below`` skips every later step of the round
+    without deciding (None: never). The value, (accepted + 1) / (round ms less the decisions not
+    taken), as % of the round's best fixed schedule, priced with no decisions at all (a fixed
+    schedule decides nothing); mean over starts per report, then over reports."""
+    return _priced_pct(outcomes, _walk(states, depth, skip_rest_below), depth)
+
+
+def backoff_walk_pct(
+    outcomes: pl.DataFrame,
+    states: pl.DataFrame,
+    depth: int,
+    skip_rest_below: float | None,
+    skip_rounds_max: int,
+) -> float:
+    """:func:`priced_walk_pct` with the student's cross-round backoff (decoder.policies.RoundBackoff,
+    cap ``skip_rounds_max`` = c) carried from start to start: within each (report_id, prompt_id)
+    the starts are taken in order of start_position; a start inside a skip-run plays 00000 with
+    zero decisions, any other start walks as :func:`priced_walk_pct` does (gate ``skip_rest_below``)
+    and is idle when it reaches 00000. c = 0 is :func:`priced_walk_pct`.
+
+    What it approximates: the round table holds every ``collect.round_table_stride``-th round start
+    visited by any schedule's trajectory (in position order), not the rounds of the student's own
+    trajectory. The walk takes a prompt's table starts, in order, as if they were consecutive
+    rounds of one generation, and counts skip-runs in table starts, unscaled: a skip-run of n
+    starts here covers the tokens between n table starts, which is not the span of n rounds of the
+    student's own trajectory (each round emits its accepted + 1 tokens). What it measures is the
+    trade c makes per skipped round (the decisions saved against the mid calls the skipped rounds
+    would have made), in the price units of :func:`priced_walk_pct`; the decoder's skip-runs are
+    counted in its own rounds."""
+    walk = _walk(states, depth, skip_rest_below).sort(START)
+    backoff, idle = RoundBackoff(skip_rounds_max), "0" * depth
+    schedules, decisions, prompt = [], [], None
+    for report, prompt_id, schedule, n in walk.select(
+        "report_id", "prompt_id", "schedule", "decisions"
+    ).iter_rows():
+        if (report, prompt_id) != prompt:
+            prompt = (report, prompt_id)
+            backoff.reset()
+        if backoff.start_round():
+            schedules.append(idle)
+            decisions.append(0)
+            continue
+        if "1" in schedule:
+            backoff.invoked()
+        schedules.append(schedule)
+        decisions.append(n)
+    walk = walk.with_columns(
+        schedule=pl.Series(schedules, dtype=pl.String), decisions=pl.Series(decisions, dtype=pl.Int64)
+    )
+    return _priced_pct(outcomes, walk, depth)
 
 
 def fixed_schedule_pct(outcomes: pl.DataFrame, depth: int, schedule_id: int) -> float:

@@ -8,9 +8,16 @@ temperature 0, priced with the pair's latency profile against AR). The pair's bu
 
     B* = argmax over B of max(priced speedup of All-Small(B), All-Mid(B))   (ties: the smaller B).
 
-Also recorded: each policy's best B and its curve, and SABA's budget (GRAFT's rule: c_fixed /
-c_verify of each policy's cost line; the policy whose SABA budget prices faster). ``mode: fixed``
-measures nothing and gives every pair tree.budget (the stage switched off).
+With ``budget.shapes`` (a list of [width, topk]) the sweep runs once per tree shape and the
+best-priced shape's B* wins (ties: the shape whose policies' best speedups sum highest; a CPU wants
+narrow trees: a mid call costs what it forwards); the
+entry records ``width`` and ``topk`` (collectors/plan.py `pair_tree` decodes with them) and each
+shape's own pick. The entry's ``decode_policy`` is what the pair decodes with by default: that
+policy at B*, or ``ar`` where no budget of either policy prices faster than AR (on a CPU, a mid
+drafter costing most of a target forward, say). Also recorded: each policy's best B and its
+curve, and SABA's budget (GRAFT's rule: c_fixed / c_verify of each policy's cost line; the policy
+whose SABA budget prices faster). ``mode: fixed`` measures nothing and gives every pair
+tree.budget (the stage switched off).
 
 Writes ``budget.out_dir``: ``budgets.json`` (collectors/budget_file.py reads it), ``budgets.md``,
 ``speedup_by_budget.png`` and ``plots/speedup_by_budget.csv``, and ``metrics.json``.
@@ -18,6 +25,7 @@ Writes ``budget.out_dir``: ``budgets.json`` (collectors/budget_file.py reads it)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
@@ -29,6 +37,7 @@ from collectors.plan import dataset_file, load_registered_pair, profile_for, rep
 from collectors.plots import new_figure
 from collectors.report import ReportSpec
 from config.params import Params, resolve
+from decoder.policies import AR
 from pipeline.cli import apply_runtime, run_stage
 from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
 
@@ -51,6 +60,9 @@ def validate(params: Params) -> None:
         raise ValueError(
             f"collect/evaluate.pairs: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}"
         )
+    bad = [list(shape) for shape in cfg.shapes if len(shape) != 2 or min(shape) < 1]
+    if bad:
+        raise ValueError(f"budget.shapes: each entry is [width, topk] of positive ints, got {bad}")
     if cfg.mode == "fixed":
         return
     if cfg.prompts_per_pair <= 0 or cfg.max_new_tokens <= 0 or not cfg.datasets:
@@ -99,11 +111,14 @@ def choose(sweeps: dict[str, PolicySweep], profile: LatencyProfile, n_prompts: i
             "accepted": list(sw.accepted),
         }
     saba_policy = max(sweeps, key=lambda name: sweeps[name].speedup(saba[name]))
+    best_speedup = sweeps[best_at[chosen]].speedup(chosen)
     return {
         "mode": "measured",
         "budget": chosen,
         "policy": best_at[chosen],
-        "speedup_at_budget": sweeps[best_at[chosen]].speedup(chosen),
+        # what the pair decodes with by default: AR where no budget of either policy prices faster
+        "decode_policy": best_at[chosen] if best_speedup >= 1.0 else AR,
+        "speedup_at_budget": best_speedup,
         "speedup_at_max": max(sw.speedup(budgets[-1]) for sw in sweeps.values()),
         "saba_budget": saba[saba_policy],
         "saba_policy": saba_policy,
@@ -113,37 +128,66 @@ def choose(sweeps: dict[str, PolicySweep], profile: LatencyProfile, n_prompts: i
     }
 
 
+def tree_shapes(params: Params) -> list[tuple[int, int]]:
+    """The (width, topk) shapes swept: budget.shapes, or the tree section's own when empty."""
+    return [(int(w), int(m)) for w, m in params.budget.shapes] or [(params.tree.width, params.tree.topk)]
+
+
 def measure_pair(params: Params, pair_id: str) -> dict:
+    """The pair's entry: B* and its policy under the best-priced tree shape (width, topk), each
+    shape's own pick recorded under ``shapes`` ("WxM" -> budget, policy, speedup)."""
     pair = load_registered_pair(params, pair_id)
     profile = profile_for(params, pair_id)
     prompts = [
         p for spec in budget_specs(params, pair_id) for p in report_questions(params, spec, pair.tokenizer)[1]
     ]
-    sweeps = sweep_pair(pair, profile, prompts, tree_config(params.tree), params.budget.max_new_tokens)
-    entry = choose(sweeps, profile, len(prompts))
-    log.info("%s: B* = %d (%s, %.2fx; %.2fx at B = %d; SABA B = %d, %.2fx)", pair_id, entry["budget"],
-             entry["policy"], entry["speedup_at_budget"], entry["speedup_at_max"], params.tree.budget,
-             entry["saba_budget"], entry["speedup_at_saba"])  # fmt: skip
+    picks = {}
+    for width, topk in tree_shapes(params):
+        tree = dataclasses.replace(tree_config(params.tree), width=width, topk=topk)
+        sweeps = sweep_pair(pair, profile, prompts, tree, params.budget.max_new_tokens)
+        picks[width, topk] = {**choose(sweeps, profile, len(prompts)), "width": width, "topk": topk}
+        pick = picks[width, topk]
+        log.info("%s, W = %d, m = %d: B* = %d (%s, %.2fx)", pair_id, width, topk, pick["budget"],
+                 pick["policy"], pick["speedup_at_budget"])  # fmt: skip
+    # ties (All-Small's n-gram tree hardly depends on W and m): the shape where the policies do best
+    # together, so a scheduler mixing in the mid drafter at this shape finds it cheapest
+    entry = max(
+        picks.values(),
+        key=lambda e: (e["speedup_at_budget"], sum(p["best_speedup"] for p in e["policies"].values())),
+    )
+    entry["shapes"] = {
+        f"{w}x{m}": {
+            **{k: e[k] for k in ("budget", "policy", "speedup_at_budget")},
+            "best": {n: [p["best_budget"], p["best_speedup"]] for n, p in e["policies"].items()},
+        }
+        for (w, m), e in picks.items()
+    }
+    log.info("%s: B* = %d, W = %d, m = %d (%s, %.2fx; %.2fx at B = %d; SABA B = %d, %.2fx)", pair_id,
+             entry["budget"], entry["width"], entry["topk"], entry["policy"], entry["speedup_at_budget"],
+             entry["speedup_at_max"], params.tree.budget, entry["saba_budget"],
+             entry["speedup_at_saba"])  # fmt: skip
     return entry
 
 
 def markdown(entries: dict[str, dict], b_max: int) -> str:
     lines = [
-        f"| pair | B* | policy | speedup @ B* | speedup @ B={b_max} | gain | SABA B | speedup @ SABA "
-        "| best B per policy |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| pair | B* | W x m | policy | speedup @ B* | speedup @ B={b_max} | gain | SABA B | speedup @ SABA "
+        "| best B per policy | decodes with |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for pair_id, e in entries.items():
         if e["mode"] == "fixed":
-            lines.append(f"| {pair_id} | {e['budget']} | fixed | - | - | - | - | - | - |")
+            lines.append(f"| {pair_id} | {e['budget']} | - | fixed | - | - | - | - | - | - | - |")
             continue
         per = ", ".join(
             f"{n} {p['best_budget']} ({p['best_speedup']:.2f}x)" for n, p in e["policies"].items()
         )
         lines.append(
-            f"| {pair_id} | {e['budget']} | {e['policy']} | {e['speedup_at_budget']:.2f}x "
+            f"| {pair_id} | {e['budget']} | {e['width']} x {e['topk']} | {e['policy']} "
+            f"| {e['speedup_at_budget']:.2f}x "
             f"| {e['speedup_at_max']:.2f}x | {e['speedup_at_budget'] / e['speedup_at_max']:.2f} "
-            f"| {e['saba_budget']} ({e['saba_policy']}) | {e['speedup_at_saba']:.2f}x | {per} |"
+            f"| {e['saba_budget']} ({e['saba_policy']}) | {e['speedup_at_saba']:.2f}x | {per} "
+            f"| {e['decode_policy']} |"
         )
     return "\n".join(lines) + "\n"
 

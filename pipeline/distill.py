@@ -25,8 +25,9 @@ of the other pairs' trajectories: no value model is fitted without each pair); t
 the fixed schedules; ``student_in_sample`` (the exported student on the states it trained on).
 Following a policy from the empty prefix reaches a schedule whose realised tokens/s is read from
 ``trajectories.parquet``. Writes ``distill.out_dir/`` student.{json,safetensors} (the manifest
-carries ``threshold``: invoke iff output > threshold), offline.csv, offline.md, curves.csv and
-metrics.json.
+carries ``threshold``: invoke iff output > threshold; with round states also, where they pay in the
+decision-priced round walk, ``skip_rest_below`` and ``skip_rounds_max``: :func:`choose_skip_rest`,
+:func:`choose_skip_rounds`), offline.csv, offline.md, curves.csv and metrics.json.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.datasets import column, state_matrix
 from features.folds import fold_rows
 from features.round_states import (
+    backoff_walk_pct,
     feature_matrix,
     fixed_schedule_pct,
     priced_walk_pct,
@@ -318,16 +320,46 @@ def choose_skip_rest(
     round-table starts (features.round_states.priced_walk_pct: the student pays for the decisions
     it takes, a fixed schedule for none). The best wins; ties go to none, then to the larger g
     (the fewer walks it changes). Returns g (None: decide every step) and every candidate's %."""
-    scores, thresholds = _oof_round_scores(fit, rs, depth, fold_signals)
-    states = rs.frame.select("report_id", "prompt_id", "start_position", "step", "prefix").with_columns(
-        score=pl.Series(scores), threshold=pl.Series(thresholds)
-    )
+    states = _oof_walk_states(fit, rs, depth, fold_signals)
+    scores, thresholds = states["score"].to_numpy(), states["threshold"].to_numpy()
     gap = (thresholds - scores)[scores <= thresholds]
     gates = sorted({float(g) for g in np.quantile(gap, GATE_QUANTILES)}, reverse=True) if gap.size else []
     candidates: list[float | None] = [None, *gates]
     pct = {g: priced_walk_pct(rs.outcomes, states, depth, g) for g in candidates}
     best = max(candidates, key=lambda g: pct[g])  # max keeps the first of equals
     return best, {"none" if g is None else f"{g:.4f}": v for g, v in pct.items()}
+
+
+BACKOFF_CAPS = (0, 1, 3, 7, 15)
+
+
+def choose_skip_rounds(
+    fit: CrossFit,
+    rs: RoundSet,
+    depth: int,
+    fold_signals: list[tuple[str, ...]],
+    skip_rest_below: float | None,
+) -> tuple[int, dict[int, float]]:
+    """The exported student's ``skip_rounds_max`` c (cross-round backoff: after k idle deciding
+    rounds in a row, skip the next min(2^k - 1, c) rounds without deciding), chosen after g (the
+    gate ``skip_rest_below`` already chosen, which every candidate keeps). Candidates
+    :data:`BACKOFF_CAPS`, each scored out of fold by the decision-priced walk with the backoff
+    carried from start to start (features.round_states.backoff_walk_pct, which counts skip-runs
+    in round-table starts); the best mean wins, ties to the smaller c. Returns c and every
+    candidate's %."""
+    states = _oof_walk_states(fit, rs, depth, fold_signals)
+    pct = {c: backoff_walk_pct(rs.outcomes, states, depth, skip_rest_below, c) for c in BACKOFF_CAPS}
+    return max(BACKOFF_CAPS, key=lambda c: pct[c]), pct  # max keeps the first (smallest) of equals
+
+
+def _oof_walk_states(
+    fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
+) -> pl.DataFrame:
+    """The round states' keys with each state's out-of-fold score and its fold's threshold."""
+    scores, thresholds = _oof_round_scores(fit, rs, depth, fold_signals)
+    return rs.frame.select("report_id", "prompt_id", "start_position", "step", "prefix").with_columns(
+        score=pl.Series(scores), threshold=pl.Series(thresholds)
+    )
 
 
 def _pair_signals(params: Params) -> list[tuple[str, ...]]:
@@ -364,9 +396,11 @@ def main(params: Params) -> dict:
             decisions, _fixed(depth), replay.index, replay.throughput(), sorted(replay.by_report), depth
         )
         oof = st.fits["student_oof"]
-        skip_rest, gate_walks = None, {}
+        skip_rest, gate_walks, skip_rounds, backoff_walks = None, {}, 0, {}
         if rs is not None:
-            skip_rest, gate_walks = choose_skip_rest(oof, rs, depth, read_fold_signals(params, "report"))
+            fold_signals = read_fold_signals(params, "report")
+            skip_rest, gate_walks = choose_skip_rest(oof, rs, depth, fold_signals)
+            skip_rounds, backoff_walks = choose_skip_rounds(oof, rs, depth, fold_signals, skip_rest)
         metrics = {
             "n_params": n_params,
             "n_states": len(z),
@@ -382,9 +416,11 @@ def main(params: Params) -> dict:
             "vs_better_endpoint": _vs_endpoint(results),
             "train_set": _train_set_metrics(st, results, rs, depth, read_fold_signals(params, "report")),
             "skip_rest_below": skip_rest,
+            "skip_rounds_max": skip_rounds,
             "decision_priced_walk_pct": (
                 {
                     **{f"student_skip_rest_below_{g}": v for g, v in gate_walks.items()},
+                    **{f"student_skip_rounds_max_{c}": v for c, v in backoff_walks.items()},
                     "all_small": fixed_schedule_pct(rs.outcomes, depth, 0),
                 }
                 if rs is not None
@@ -395,11 +431,16 @@ def main(params: Params) -> dict:
             "signals": list(signals),
             "threshold": st.threshold,
             **({} if skip_rest is None else {"skip_rest_below": skip_rest}),
+            **({} if skip_rounds == 0 else {"skip_rounds_max": skip_rounds}),
             "margin_source": cfg.margin_source,
             "margin_units": _units(st.loss, cfg.relative),
             "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({st.loss})"
+            + ("" if skip_rest is None else "; below threshold - skip_rest_below, skip the rest of the round")
             + (
-                "" if skip_rest is None else "; below threshold - skip_rest_below, skip the rest of the round"
+                ""
+                if skip_rounds == 0
+                else "; after k idle rounds in a row (no mid call), skip the next "
+                "min(2^k - 1, skip_rounds_max) rounds without deciding"
             ),
             "training_data_sha256": file_sha256(resolve(params.collect.out_dir) / "actions.parquet"),
             "git_revision": git_revision(),
@@ -549,12 +590,19 @@ def _gate_lines(metrics: dict) -> list[str]:
     walks = metrics.get("decision_priced_walk_pct") or {}
     if not walks:
         return []
-    g = metrics["skip_rest_below"]
+    g, c = metrics["skip_rest_below"], metrics.get("skip_rounds_max", 0)
     chosen = "decide every step" if g is None else f"skip the rest of a round below threshold - {g:.4g}"
+    backoff = (
+        "decide every round"
+        if c == 0
+        else f"after k idle rounds in a row skip the next min(2^k - 1, {c}) rounds"
+    )
     lines = [
         "",
         f"Decision-priced round walk (out of fold; the student pays each decision it takes, a fixed "
-        f"schedule none; % of the round's best fixed schedule). Exported: **{chosen}**.",
+        f"schedule none; % of the round's best fixed schedule). Exported: **{chosen}**; cross-round "
+        f"backoff (skip_rounds_max, chosen with that gate, skip-runs counted in round-table starts): "
+        f"**{backoff}**.",
         "",
         "| rule | % of round best |",
         "|---|---|",

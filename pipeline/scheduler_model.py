@@ -36,6 +36,7 @@ METADATA_FIELDS = (
     "margin_units",
     "threshold",
     "skip_rest_below",
+    "skip_rounds_max",
     "weights_sha256",
     "manifest_sha256",
     "training_data_sha256",

@@ -13,9 +13,9 @@ from collect_workspace import build_workspace, collect_overrides
 from dvc_outputs import declared_paths
 
 from collectors.budget_file import BudgetFileError, load_budgets, pair_budget
-from collectors.budget_sweep import fixed_policies
+from collectors.budget_sweep import fixed_policies, sweep_pair
 from collectors.latency import price_ar, price_round
-from collectors.plan import load_registered_pair, profile_for, report_questions, tree_config
+from collectors.plan import load_registered_pair, pair_tree, profile_for, report_questions, tree_config
 from collectors.replay import Replayer
 from config.params import Params, load_params
 from decoder.config import DecodeConfig
@@ -93,6 +93,58 @@ def test_the_chosen_budget_prices_at_least_as_fast_as_plain_replay_at_other_budg
     others = {1, b_max, entry["saba_budget"], *(p["best_budget"] for p in entry["policies"].values())}
     for b in sorted(others - {entry["budget"]}):
         assert plain_speedup(params, prompt, b) <= at_chosen * (1 + 1e-9), b
+
+
+def test_a_pair_that_no_budget_speeds_up_decodes_with_ar(measured) -> None:
+    """The same sweep priced twice: with AR's one-token step 100x cheaper than measured (a machine
+    where any round costs more than the tokens it saves) every budget prices slower than AR and the
+    pair's default is AR itself; with it 100x dearer the best policy prices faster and is kept."""
+    params, entries = measured
+    entry = entries["tiny"]
+    assert entry["decode_policy"] == (entry["policy"] if entry["speedup_at_budget"] >= 1.0 else "ar")
+    pair = load_registered_pair(params, "tiny")
+    profile = profile_for(params, "tiny")
+    (spec,) = budget.budget_specs(params, "tiny")
+    prompts = report_questions(params, spec, pair.tokenizer)[1]
+    picks = {}
+    for name, factor in (("dear", 0.01), ("cheap", 100.0)):
+        priced = replace(profile, ar_token_ms=profile.ar_token_ms * factor)
+        sweeps = sweep_pair(pair, priced, prompts, tree_config(params.tree), params.budget.max_new_tokens)
+        picks[name] = budget.choose(sweeps, priced, len(prompts))
+    assert picks["dear"]["speedup_at_budget"] < 1.0 and picks["dear"]["decode_policy"] == "ar"
+    assert picks["cheap"]["speedup_at_budget"] > 1.0
+    assert picks["cheap"]["decode_policy"] == picks["cheap"]["policy"] in {"all-small", "all-mid"}
+
+
+def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace, measured) -> None:
+    """budget.shapes: one sweep per (width, topk); the entry is the best-priced shape's pick, each
+    shape's pick is recorded, and pair_tree hands that shape to collect and evaluate. A narrow
+    shape's sweep prices exactly as plain replay at that shape (the same check as the default's)."""
+    params = budget_params(workspace, name="shapes", shapes=[[1, 1], [3, 2]])
+    entry = run_budget(params)["tiny"]
+    assert set(entry["shapes"]) == {"1x1", "3x2"}
+    best = max(entry["shapes"].values(), key=lambda e: e["speedup_at_budget"])
+    assert entry["speedup_at_budget"] == best["speedup_at_budget"] and entry["budget"] == best["budget"]
+    assert f"{entry['width']}x{entry['topk']}" in entry["shapes"]
+    tree = pair_tree(params, "tiny")
+    assert (tree.budget, tree.width, tree.topk) == (entry["budget"], entry["width"], entry["topk"])
+    pair = load_registered_pair(params, "tiny")
+    (spec,) = budget.budget_specs(params, "tiny")
+    (prompt,) = report_questions(params, spec, pair.tokenizer)[1]
+    narrow = replace(params, tree=replace(params.tree, width=entry["width"], topk=entry["topk"]))
+    assert plain_speedup(narrow, prompt, entry["budget"]) == pytest.approx(
+        entry["speedup_at_budget"], rel=1e-9
+    )
+    # without shapes, the tree section's own shape: the default stage's entry keeps it
+    default = measured[1]["tiny"]
+    assert (default["width"], default["topk"]) == (params.tree.width, params.tree.topk)
+    assert set(default["shapes"]) == {f"{params.tree.width}x{params.tree.topk}"}
+
+
+@pytest.mark.parametrize("shapes", [[[2]], [[0, 2]], [[2, 2, 2]]])
+def test_a_malformed_tree_shape_is_refused(workspace, shapes) -> None:
+    with pytest.raises(ValueError, match=re.escape("budget.shapes: each entry is [width, topk]")):
+        run_budget(budget_params(workspace, name="bad-shape", shapes=shapes))
 
 
 def test_mode_fixed_gives_every_pair_the_tree_budget(workspace) -> None:

@@ -50,8 +50,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def table_of(stdout: str) -> dict[str, list[str]]:
-    return {ln.split()[0]: ln.split() for ln in stdout.splitlines() if ln.startswith(("ar ", "10101 "))}
+def table_of(stdout: str, policy: str = "10101") -> dict[str, list[str]]:
+    return {ln.split()[0]: ln.split() for ln in stdout.splitlines() if ln.startswith(("ar ", f"{policy} "))}
 
 
 def test_cli_prints_text_and_side_by_side_table(pair_dir):
@@ -71,6 +71,22 @@ def test_cli_prints_text_and_side_by_side_table(pair_dir):
     table = table_of(out.stdout)
     assert set(table) == {"ar", "10101"}
     assert table["ar"][3] == "1.00x" and table["10101"][-1] == "yes"
+
+
+def test_cli_budget_caps_the_verified_tree(pair_dir):
+    """--budget 1 verifies the root and one drafted node: at most one drafted token per round,
+    where the default 63 accepts more (1.5 a round with this pair); both stay the target's text."""
+    base = ["--target", str(pair_dir / "target"), "--mid", str(pair_dir / "mid"), "--policy", "all-mid"]
+    prompt = ["--prompt", "def main():\n    return", "--max-new-tokens", "24"]
+    small, full = run_cli(*base, *prompt, "--budget", "1"), run_cli(*base, *prompt)
+    assert small.returncode == 0 and full.returncode == 0, (small.stderr, full.stderr)
+    a_small, a_full = (
+        float(table_of(small.stdout, "all-mid")["all-mid"][4]),
+        float(table_of(full.stdout, "all-mid")["all-mid"][4]),
+    )
+    assert 0 < a_small <= 1.0 < a_full
+    assert table_of(small.stdout, "all-mid")["all-mid"][-1] == "yes"
+    assert small.stdout.split("\n\n")[0] == full.stdout.split("\n\n")[0]
 
 
 def greedy_text(folder: Path, ids: list[int], max_new: int) -> str:
@@ -112,6 +128,7 @@ def test_cli_on_a_chat_tokenizer(chat_dir, raw):
         (["--policy", "1010"], "string of 5 bits"),
         (["--prompt", ""], "prompt is empty"),
         (["--max-new-tokens", "0"], "max_new_tokens must be positive"),
+        (["--budget", "0"], "--budget must be a positive number of tree nodes"),
     ],
 )
 def test_cli_bad_input(pair_dir, args, message):

@@ -240,3 +240,24 @@ def test_distill_exports_the_gate_whose_decision_priced_walk_is_best(run_all):
     manifest = json.loads((Path(params.distill.out_dir) / "student.json").read_text())
     assert manifest.get("skip_rest_below") == gate
     assert "Decision-priced round walk" in (Path(params.distill.out_dir) / "offline.md").read_text()
+
+
+def test_distill_exports_the_backoff_whose_walk_is_best(run_all):
+    """skip_rounds_max: every candidate walked (after the chosen gate), the best exported, ties to
+    the smaller cap; c = 0 is the gate's own walk; the manifest and the decoder carry it."""
+    params, res = run_all
+    metrics = res["distill"]
+    walks = metrics["decision_priced_walk_pct"]
+    prefix = "student_skip_rounds_max_"
+    caps = {int(k.removeprefix(prefix)): v for k, v in walks.items() if k.startswith(prefix)}
+    assert sorted(caps) == [0, 1, 3, 7, 15]
+    c = metrics["skip_rounds_max"]
+    assert caps[c] == max(caps.values()) and all(caps[d] < caps[c] for d in caps if d < c)
+    gate = metrics["skip_rest_below"]
+    assert caps[0] == pytest.approx(
+        walks[f"student_skip_rest_below_{'none' if gate is None else f'{gate:.4f}'}"]
+    )
+    manifest = json.loads((Path(params.distill.out_dir) / "student.json").read_text())
+    assert manifest.get("skip_rounds_max", 0) == c
+    exported = load_scheduler(Path(params.export.out_dir) / "scheduler.json")
+    assert exported.manifest.get("skip_rounds_max", 0) == c

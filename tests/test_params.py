@@ -39,11 +39,16 @@ def test_smoke_profile_shrinks_and_moves_outputs() -> None:
     assert smoke.pairs.keys() == base.pairs.keys()
 
 
-def test_real_pair_profile_adds_a_local_path_pair() -> None:
+def test_real_pair_profile_adds_the_pair_in_bf16_and_fp32_and_measures_only_it() -> None:
     real = load_params(profile="real-pair")
     extra = set(real.pairs) - set(load_params().pairs)
-    assert extra == {"qwen2.5-coder-1.5b-0.5b"}
-    assert real.pairs["qwen2.5-coder-1.5b-0.5b"].template == "chatml"
+    assert extra == {"qwen2.5-coder-1.5b-0.5b", "qwen2.5-coder-1.5b-0.5b-fp32"}
+    assert {real.pairs[p].dtype for p in extra} == {"bfloat16", "float32"}
+    assert all(real.pairs[p].template == "chatml" for p in extra)
+    assert set(real.profile.pairs) == set(real.collect.pairs) == extra
+    # its stages write beside the default's outputs, never over them
+    base = load_params()
+    assert real.profile.out_dir != base.profile.out_dir and real.budget.out_dir != base.budget.out_dir
 
 
 def _write_params(tmp_path: Path, mutate) -> Path:

@@ -1,0 +1,266 @@
+"""The real pair on this machine: its profile-chosen shape against AR and the fixed policies, side by side.
+
+Usage (after `python -m models.real_pair`, `python -m pipeline.profile --profile real-pair` and
+`python -m pipeline.budget --profile real-pair`):
+    .venv/bin/python benchmarks/bench_real_pair.py [--profile real-pair] [--pairs NAME ...]
+        [--datasets alpaca gsm8k humaneval mt_bench] [--prompts-per-dataset 2]
+        [--max-new-tokens 24] [--out artifacts/bench/real_pair]
+
+Prompts: the first --prompts-per-dataset questions of each dataset from evaluate.prompt_start on
+(held back: the budget stage chose B* on the collect slice). Every method decodes every prompt
+greedily in the pair's registered dtype, interleaved prompt-major after one shared warm-up
+(decoder.measure.run_side_by_side, wall clock only: no per-step syncs), and is checked
+compared with the target's own autoregressive output (fp32: identical or a real mismatch; bf16:
+each divergence classified by the fp32 target as a near-tie or a real mismatch):
+- ar: one-token target steps (the reference and the clock's unit);
+- chosen: the budget stage's `decode_policy` at its B* and tree shape W x m (AR itself where
+  nothing priced faster);
+- all-small, all-mid, 10101: at B* and that shape;
+- all-mid and 10101 again at All-Mid's own best shape and budget (when it is another one);
+- student: the exported scheduler (trained on the zoo pairs only) at B* and the width its tree
+  signals were trained for (W = m = 10), when artifacts/export has one.
+The cost breakdown comes from the pair's latency profile: AR step, verify(B* + 1), a mid call of
+1..16 tokens, and the mid/target per-token cost ratio a mid call would need for All-Mid (with its
+measured A here) to match AR. Writes <out>.json and <out>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+from collectors.budget_file import BUDGETS_FILE
+from collectors.latency import LatencyProfile
+from collectors.plan import profile_for
+from collectors.prompts import encode_prompts, load_benchmarks
+from collectors.records import runtime_for
+from config.params import Params, load_params, resolve
+from decoder.check_lossless import check_outputs, fp32_judge
+from decoder.config import DecodeConfig, TreeConfig
+from decoder.generate import GenerationResult
+from decoder.measure import Method, run_side_by_side, summarise_results
+from decoder.models import load_pair
+from decoder.policies import AR
+from decoder.scheduler import load_scheduler
+
+log = logging.getLogger("bench_real_pair")
+PAIRS = ("qwen2.5-coder-1.5b-0.5b", "qwen2.5-coder-1.5b-0.5b-fp32")  # bf16, fp32
+FIXED = ("all-small", "all-mid", "10101")
+MAX_PROMPT_TOKENS = 256
+SHAPE_KEYS = (
+    "budget",
+    "width",
+    "topk",
+    "policy",
+    "decode_policy",
+    "speedup_at_budget",
+    "speedup_at_max",
+    "shapes",
+)
+MEASURED = ("tokens_per_s", "speedup_vs_ar", "mean_accepted_length", "mid_call_rate", "n_tokens", "wall_s")
+
+
+def chosen_shape(params: Params, pair_id: str) -> dict:
+    """The budget stage's entry for the pair (B*, its policy, decode_policy), or a clear error."""
+    path = resolve(params.budget.out_dir) / BUDGETS_FILE
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: run `python -m pipeline.budget --profile real-pair` first")
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    if pair_id not in entries or "shapes" not in entries[pair_id]:
+        raise SystemExit(f"error: {path}: no measured entry for {pair_id!r}")
+    return entries[pair_id]
+
+
+def break_even_ratio(profile: LatencyProfile, budget: int, accepted: float, depth: int) -> float:
+    """Mid/target per-token cost ratio at which All-Mid's round ((1 + A) tokens for D one-token-ish
+    mid calls, the tree work and verify(B + 1)) costs exactly AR's time for the same tokens."""
+    ar = profile.ar_token_ms
+    spare = (1.0 + accepted) * ar - profile.verify_ms(budget + 1) - profile.tree_ms(budget + 1)
+    return max(spare, 0.0) / (depth * ar)
+
+
+def cost_breakdown(profile: LatencyProfile, budget: int) -> dict:
+    mid = {n: profile.mid_ms(n) for n in (1, 2, 4, 8, 16)} if profile.has_mid else {}
+    return {
+        "ar_token_ms": profile.ar_token_ms,
+        "verify_ms": {n: profile.verify_ms(n) for n in sorted({1, 2, 4, budget + 1, 16, 32, 64})},
+        "mid_ms": mid,
+        "mid_over_target_per_token": (mid[1] / profile.ar_token_ms) if mid else None,
+        "tree_ms_at_budget": profile.tree_ms(budget + 1),
+        "ngram_step_ms": profile.ngram_step_ms,
+    }
+
+
+def per_dataset(results: dict[str, list[GenerationResult]], datasets: list[str]) -> dict[str, dict]:
+    """Speedup of each method over AR per dataset (tokens/s ratio over that dataset's prompts)."""
+
+    def tps(res: list[GenerationResult], idx: list[int]) -> float:
+        return sum(len(res[i].new_tokens) for i in idx) / sum(res[i].wall_s for i in idx)
+
+    groups = {ds: [i for i, d in enumerate(datasets) if d == ds] for ds in sorted(set(datasets))}
+    return {
+        name: {ds: tps(res, idx) / tps(results[AR], idx) for ds, idx in groups.items()}
+        for name, res in results.items()
+    }
+
+
+def markdown(info: dict) -> str:
+    b = info["budget"]
+    shapes = ", ".join(
+        f"{k} B={v['budget']} {v['policy']} {v['speedup_at_budget']:.2f}x"
+        for k, v in info["shape"]["shapes"].items()
+    )
+    lines = [
+        f"Real pair `{info['pair']}` ({info['dtype']}, {info['threads']} threads), {info['n_prompts']} "
+        f"held-back prompts ({', '.join(info['datasets'])}), {info['max_new_tokens']} new tokens each; "
+        f"B* = {b}, W x m = {info['shape']['width']} x {info['shape']['topk']} (budget stage: "
+        f"{info['shape']['policy']} {info['shape']['speedup_at_budget']:.2f}x priced, decodes with "
+        f"{info['shape']['decode_policy']}; per shape: {shapes}).",
+        "",
+        "| method | tok/s | speedup vs AR | worst dataset | A | mid calls / step | identical to AR "
+        "| near-ties | real mismatches |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in info["methods"].items():
+        worst = min(info["per_dataset"][name].items(), key=lambda kv: kv[1])
+        lines.append(
+            f"| {name} | {m['tokens_per_s']:.2f} | {m['speedup_vs_ar']:.2f}x | {worst[0]} {worst[1]:.2f}x "
+            f"| {m['mean_accepted_length']:.2f} | {m['mid_call_rate']:.2f} "
+            f"| {m['identical']}/{info['n_prompts']} | {m['near_ties']} | {m['real_mismatches']} |"
+        )
+    c = info["costs"]
+    verify = ", ".join(f"{n}: {ms:.0f}" for n, ms in c["verify_ms"].items())
+    mid = ", ".join(f"{n}: {ms:.0f}" for n, ms in c["mid_ms"].items())
+    lines += [
+        "",
+        f"Cost breakdown (profile, ms): AR step {c['ar_token_ms']:.0f}; verify by nodes {{{verify}}}; "
+        f"mid call by new tokens {{{mid}}}; mid/target per token {c['mid_over_target_per_token']:.2f}; "
+        f"{info['break_even']['method']} (A = {info['break_even']['accepted']:.2f}) would match AR at a "
+        f"mid/target cost ratio per call of {info['break_even']['mid_over_target']:.2f}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def lossless(pair, prompts, results: dict[str, list[GenerationResult]], dtype: str) -> dict[str, dict]:
+    """Per method: outputs identical to AR's, and (bf16/fp16) each divergence classified by the fp32
+    target (decoder.check_lossless: near-tie or real mismatch). fp32 is strict: any divergence is one."""
+    ref = [r.new_tokens for r in results[AR]]
+    judge = None
+    out = {}
+    for name, res in results.items():
+        outputs = [r.new_tokens for r in res]
+        identical = sum(o == t for o, t in zip(outputs, ref, strict=True))
+        near, real = 0, len(prompts) - identical
+        if real and dtype != "float32":
+            judge = judge if judge is not None else fp32_judge(pair.target)
+            report = check_outputs(judge, prompts, ref, outputs, getattr(torch, dtype))
+            near, real = report.n_near_ties, report.n_real_mismatches
+        out[name] = {"identical": identical, "near_ties": near, "real_mismatches": real}
+    return out
+
+
+def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict:
+    shape = chosen_shape(params, pair_id)
+    budget = int(shape["budget"])
+    profile = profile_for(params, pair_id)
+    spec = params.pairs[pair_id]
+    target, mid = params.pair_paths(pair_id)
+    pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device)
+
+    benches = load_benchmarks(resolve(params.data.out_dir), args.datasets)
+    start = params.evaluate.prompt_start
+    questions, datasets = [], []
+    for ds in args.datasets:
+        picked = benches[ds][start : start + args.prompts_per_dataset]
+        questions += picked
+        datasets += [ds] * len(picked)
+    prompts = encode_prompts(questions, pair.tokenizer, spec.template, MAX_PROMPT_TOKENS)
+
+    tree = TreeConfig(budget=budget, width=int(shape["width"]), topk=int(shape["topk"]))
+    methods = [Method(name, name, tree) for name in FIXED]
+    if shape["decode_policy"] != AR:
+        methods.insert(0, Method("chosen", shape["decode_policy"], tree))
+    mid_shape, (mid_b, _) = max(
+        ((k, v["best"]["all-mid"]) for k, v in shape["shapes"].items()), key=lambda kv: kv[1][1]
+    )
+    w, m = (int(x) for x in mid_shape.split("x"))
+    if (w, m, mid_b) != (tree.width, tree.topk, tree.budget):  # the mid drafter at its own best shape
+        mid_tree = TreeConfig(budget=int(mid_b), width=w, topk=m)
+        methods += [Method(f"{name} @{mid_shape} B={mid_b}", name, mid_tree) for name in ("all-mid", "10101")]
+    student = resolve(params.export.out_dir) / "scheduler.json"
+    if student.is_file():  # the zoo-trained student, on a pair it never saw
+        sched = load_scheduler(student, tree.depth)  # its tree signals are those of its own width
+        w = int(sched.manifest["width"])
+        s_tree = TreeConfig(budget=tree.budget, width=w, topk=w)
+        methods.append(Method(f"student @{w}x{w}", sched, s_tree))
+    runtimes = [runtime_for(profile, len(p), TreeConfig(budget=tree.budget)) for p in prompts]
+    config = DecodeConfig(max_new_tokens=args.max_new_tokens)
+    t0 = time.perf_counter()
+    results = run_side_by_side(pair, prompts, methods, config, runtimes, warmup_tokens=4, timing=False)
+    seconds = time.perf_counter() - t0
+    rows = summarise_results(results, config.temperature)
+    checks = lossless(pair, prompts, results, spec.dtype)
+    info = {
+        "pair": pair_id,
+        "dtype": spec.dtype,
+        "threads": params.runtime.torch_threads,
+        "datasets": args.datasets,
+        "n_prompts": len(prompts),
+        "prompt_tokens": [len(p) for p in prompts],
+        "max_new_tokens": args.max_new_tokens,
+        "budget": budget,
+        "shape": {k: shape[k] for k in SHAPE_KEYS},
+        "seconds": seconds,
+        "methods": {n: {**{k: getattr(m, k) for k in MEASURED}, **checks[n]} for n, m in rows.items()},
+        "per_dataset": per_dataset(results, datasets),
+        "costs": cost_breakdown(profile, budget),
+    }
+    if shape["decode_policy"] == AR:
+        info["methods"]["chosen"] = {**info["methods"][AR], "note": "falls back to AR"}
+        info["per_dataset"]["chosen"] = info["per_dataset"][AR]
+    mid_name, mid_budget = next(
+        ((n, int(mid_b)) for n in info["methods"] if n.startswith("all-mid @")), ("all-mid", budget)
+    )
+    a_mid = info["methods"][mid_name]["mean_accepted_length"]
+    info["break_even"] = {
+        "method": mid_name,
+        "accepted": a_mid,
+        "mid_over_target": break_even_ratio(profile, mid_budget, a_mid, tree.depth),
+    }
+    log.info("%s: %.0f s", pair_id, seconds)
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="real-pair")
+    parser.add_argument("--pairs", nargs="+", default=list(PAIRS))
+    parser.add_argument("--datasets", nargs="+", default=["alpaca", "gsm8k", "humaneval", "mt_bench"])
+    parser.add_argument("--prompts-per-dataset", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--out", default="artifacts/bench/real_pair")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    params = load_params(profile=args.profile)
+    torch.set_num_threads(params.runtime.torch_threads)
+    infos = [measure_pair(params, pair_id, args) for pair_id in args.pairs]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(infos, indent=2) + "\n", encoding="utf-8")
+    text = "\n".join(markdown(info) for info in infos)
+    out.with_suffix(".md").write_text(text, encoding="utf-8")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
