@@ -17,7 +17,7 @@ Contract (temperature 0, exact):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -152,11 +152,16 @@ class PolicySweep:
         return saba_budget(c_verify, c_fixed, self.budgets[-1]), c_verify, c_fixed
 
 
-def fixed_policies(pair: ModelPair, depth: int) -> dict[str, tuple[bool, ...]]:
-    """All-Small, and All-Mid when the pair has a mid drafter."""
+def fixed_policies(pair: ModelPair, depth: int, schedules: Sequence[str] = ()) -> dict[str, tuple[bool, ...]]:
+    """All-Small, and when the pair has a mid drafter All-Mid and the given mixed schedules (bit
+    strings of length depth, "1" = call the mid drafter at that step)."""
     names = {"all-small": (False,) * depth, "all-mid": (True,) * depth}
+    for bits in schedules:
+        if len(bits) != depth or set(bits) - {"0", "1"}:
+            raise ValueError(f"schedule {bits!r} is not a string of {depth} bits")
+        names.setdefault(bits, tuple(b == "1" for b in bits))
     if pair.mid is None:
-        names.pop("all-mid")
+        names = {"all-small": names["all-small"]}
     return names
 
 
@@ -170,12 +175,13 @@ def sweep_pair(
     tree: TreeConfig,
     max_new_tokens: int,
     check: Check | None = None,
+    schedules: Sequence[str] = (),
 ) -> dict[str, PolicySweep]:
-    """Every fixed policy of `fixed_policies` under every budget 1..tree.budget on ``prompts``;
-    ``check`` (if given) sees the first prompt's walks."""
+    """Every fixed policy of `fixed_policies` (with the mixed ``schedules``) under every budget
+    1..tree.budget on ``prompts``; ``check`` (if given) sees the first prompt's walks."""
     if not prompts:
         raise ValueError("sweep_pair needs at least one prompt")
-    names = fixed_policies(pair, tree.depth)
+    names = fixed_policies(pair, tree.depth, schedules)
     b_max = tree.budget
     config = DecodeConfig(max_new_tokens=max_new_tokens, tree=tree)
     rep = SweepReplayer(pair, config, list(names.values()), round_table_stride=0)

@@ -218,6 +218,8 @@ class BudgetParams:
     # (width, topk) tree shapes swept besides B; the best one priced wins. Empty: the tree section's
     # own width and topk only (one sweep per shape: each costs a replay of every prompt).
     shapes: tuple[tuple[int, ...], ...]
+    # mixed fixed schedules (bit strings, e.g. "10101") swept beside All-Small and All-Mid
+    schedules: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ never reaching evaluate.prompt_start, so the evaluate prompts stay held back), r
 budget B in 1..tree.budget for All-Small and All-Mid (collectors/budget_sweep.py: exact at
 temperature 0, priced with the pair's latency profile against AR). The pair's budget is
 
-    B* = argmax over B of max(priced speedup of All-Small(B), All-Mid(B))   (ties: the smaller B).
+    B* = argmax over B of max(priced speedup of All-Small(B), All-Mid(B))   (ties: the smaller B),
+
+the max also over ``budget.schedules``, mixed fixed schedules such as 10101, where given.
 
 With ``budget.shapes`` (a list of [width, topk]) the sweep runs once per tree shape and the
 best-priced shape's B* wins (ties: the shape whose policies' best speedups sum highest; a CPU wants
@@ -60,6 +62,10 @@ def validate(params: Params) -> None:
         raise ValueError(
             f"collect/evaluate.pairs: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}"
         )
+    depth = params.tree.depth
+    odd = [b for b in cfg.schedules if len(b) != depth or set(b) - {"0", "1"}]
+    if odd:
+        raise ValueError(f"budget.schedules: each entry is a string of {depth} bits (tree.depth), got {odd}")
     bad = [list(shape) for shape in cfg.shapes if len(shape) != 2 or min(shape) < 1]
     if bad:
         raise ValueError(f"budget.shapes: each entry is [width, topk] of positive ints, got {bad}")
@@ -144,7 +150,9 @@ def measure_pair(params: Params, pair_id: str) -> dict:
     picks = {}
     for width, topk in tree_shapes(params):
         tree = dataclasses.replace(tree_config(params.tree), width=width, topk=topk)
-        sweeps = sweep_pair(pair, profile, prompts, tree, params.budget.max_new_tokens)
+        sweeps = sweep_pair(
+            pair, profile, prompts, tree, params.budget.max_new_tokens, schedules=params.budget.schedules
+        )
         picks[width, topk] = {**choose(sweeps, profile, len(prompts)), "width": width, "topk": topk}
         pick = picks[width, topk]
         log.info("%s, W = %d, m = %d: B* = %d (%s, %.2fx)", pair_id, width, topk, pick["budget"],

@@ -52,7 +52,7 @@ def plain_speedup(params: Params, prompt: list[int], b: int) -> float:
     pair = load_registered_pair(params, "tiny")
     profile = profile_for(params, "tiny")
     tree = replace(tree_config(params.tree), budget=b)
-    schedules = list(fixed_policies(pair, tree.depth).values())
+    schedules = list(fixed_policies(pair, tree.depth, params.budget.schedules).values())
     got = Replayer(pair, DecodeConfig(max_new_tokens=params.budget.max_new_tokens, tree=tree), schedules)
     rep = got.replay_prompt(prompt)
     speeds = []
@@ -120,9 +120,11 @@ def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace
     """budget.shapes: one sweep per (width, topk); the entry is the best-priced shape's pick, each
     shape's pick is recorded, and pair_tree hands that shape to collect and evaluate. A narrow
     shape's sweep prices exactly as plain replay at that shape (the same check as the default's)."""
-    params = budget_params(workspace, name="shapes", shapes=[[1, 1], [3, 2]])
+    params = budget_params(workspace, name="shapes", shapes=[[1, 1], [3, 2]], schedules=["10101"])
     entry = run_budget(params)["tiny"]
     assert set(entry["shapes"]) == {"1x1", "3x2"}
+    assert set(entry["policies"]) == {"all-small", "all-mid", "10101"}  # a mixed schedule swept too
+    assert all(set(e["best"]) == set(entry["policies"]) for e in entry["shapes"].values())
     best = max(entry["shapes"].values(), key=lambda e: e["speedup_at_budget"])
     assert entry["speedup_at_budget"] == best["speedup_at_budget"] and entry["budget"] == best["budget"]
     assert f"{entry['width']}x{entry['topk']}" in entry["shapes"]
@@ -145,6 +147,12 @@ def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace
 def test_a_malformed_tree_shape_is_refused(workspace, shapes) -> None:
     with pytest.raises(ValueError, match=re.escape("budget.shapes: each entry is [width, topk]")):
         run_budget(budget_params(workspace, name="bad-shape", shapes=shapes))
+
+
+@pytest.mark.parametrize("schedule", ["1010", "10102", "101010"])
+def test_a_malformed_mixed_schedule_is_refused(workspace, schedule) -> None:
+    with pytest.raises(ValueError, match=re.escape("budget.schedules: each entry is a string of 5 bits")):
+        run_budget(budget_params(workspace, name="bad-schedule", schedules=[schedule]))
 
 
 def test_mode_fixed_gives_every_pair_the_tree_budget(workspace) -> None:
