@@ -151,21 +151,22 @@ def markdown(info: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lossless(pair, prompts, results: dict[str, list[GenerationResult]], dtype: str) -> dict[str, dict]:
-    """Per method: outputs identical to AR's, and (bf16/fp16) each divergence classified by the fp32
-    target (decoder.check_lossless: near-tie or real mismatch). fp32 is strict: any divergence is one."""
+def lossless(pair, prompts, results: dict[str, list[GenerationResult]]) -> dict[str, dict]:
+    """Per method: outputs identical to AR's, and each divergence classified by the fp32 target
+    (decoder.check_lossless, as collectors.evaluation.lossless_gate does, without raising): a
+    near-tie (bf16/fp16 only) or a real mismatch (fp32 is strict)."""
     ref = [r.new_tokens for r in results[AR]]
-    judge = None
+    differs = any([r.new_tokens for r in res] != ref for res in results.values())
+    judge = fp32_judge(pair.target) if differs else pair.target  # an fp32 copy only when needed
     out = {}
     for name, res in results.items():
-        outputs = [r.new_tokens for r in res]
-        identical = sum(o == t for o, t in zip(outputs, ref, strict=True))
-        near, real = 0, len(prompts) - identical
-        if real and dtype != "float32":
-            judge = judge if judge is not None else fp32_judge(pair.target)
-            report = check_outputs(judge, prompts, ref, outputs, getattr(torch, dtype))
-            near, real = report.n_near_ties, report.n_real_mismatches
-        out[name] = {"identical": identical, "near_ties": near, "real_mismatches": real}
+        report = check_outputs(judge, prompts, ref, [r.new_tokens for r in res], pair.target.dtype)
+        identical = sum(c.identical for c in report.checks)
+        out[name] = {
+            "identical": identical,
+            "near_ties": report.n_near_ties,
+            "real_mismatches": report.n_real_mismatches,
+        }
     return out
 
 
@@ -209,7 +210,7 @@ def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict
     results = run_side_by_side(pair, prompts, methods, config, runtimes, warmup_tokens=4, timing=False)
     seconds = time.perf_counter() - t0
     rows = summarise_results(results, config.temperature)
-    checks = lossless(pair, prompts, results, spec.dtype)
+    checks = lossless(pair, prompts, results)
     info = {
         "pair": pair_id,
         "dtype": spec.dtype,
