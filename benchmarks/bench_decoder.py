@@ -55,7 +55,7 @@ def bench_ngram(context: int, rounds: int = 300) -> tuple[float, float]:
     """Median ms per small step and per all-small round (5 steps) over real-text contexts."""
     cfg = TreeConfig()
     tokens = stdlib_token_ids(context + rounds + 8)
-    drafter = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
+    drafter = NgramDrafter.for_tree(cfg)
     drafter.commit(tokens[:context])
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 4096, size=(len(tokens), cfg.topk)).tolist()

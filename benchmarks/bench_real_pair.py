@@ -27,6 +27,7 @@ measured A here) to match AR. Writes <out>.json and <out>.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ import torch
 
 from collectors.budget_file import BUDGETS_FILE
 from collectors.latency import LatencyProfile
-from collectors.plan import profile_for
+from collectors.plan import pair_tree, profile_for
 from collectors.prompts import encode_prompts, load_benchmarks
 from collectors.records import runtime_for
 from config.params import Params, load_params, resolve
@@ -61,6 +62,9 @@ SHAPE_KEYS = (
     "budget",
     "width",
     "topk",
+    "ngram_min_n",
+    "round_budget",
+    "speedup_fixed_budget",
     "policy",
     "decode_policy",
     "speedup_at_budget",
@@ -123,7 +127,9 @@ def markdown(info: dict) -> str:
     lines = [
         f"Real pair `{info['pair']}` ({info['dtype']}, {info['threads']} threads), {info['n_prompts']} "
         f"held-back prompts ({', '.join(info['datasets'])}), {info['max_new_tokens']} new tokens each; "
-        f"B* = {b}, W x m = {info['shape']['width']} x {info['shape']['topk']} (budget stage: "
+        f"B* = {b}, W x m = {info['shape']['width']} x {info['shape']['topk']}, n-gram matches of "
+        f">= {info['shape'].get('ngram_min_n') or 1} tokens, per-round budget "
+        f"{'on' if info['shape'].get('round_budget') else 'off'} (budget stage: "
         f"{info['shape']['policy']} {info['shape']['speedup_at_budget']:.2f}x priced, decodes with "
         f"{info['shape']['decode_policy']}; per shape: {shapes}).",
         "",
@@ -187,22 +193,24 @@ def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict
         datasets += [ds] * len(picked)
     prompts = encode_prompts(questions, pair.tokenizer, spec.template, MAX_PROMPT_TOKENS)
 
-    tree = TreeConfig(budget=budget, width=int(shape["width"]), topk=int(shape["topk"]))
+    tree = pair_tree(params, pair_id)  # B*, W x m, n-gram min n and any per-round rule
     methods = [Method(name, name, tree) for name in FIXED]
     if shape["decode_policy"] != AR:
         methods.insert(0, Method("chosen", shape["decode_policy"], tree))
     mid_shape, (mid_b, _) = max(
         ((k, v["best"]["all-mid"]) for k, v in shape["shapes"].items()), key=lambda kv: kv[1][1]
     )
-    w, m = (int(x) for x in mid_shape.split("x"))
-    if (w, m, mid_b) != (tree.width, tree.topk, tree.budget):  # the mid drafter at its own best shape
-        mid_tree = TreeConfig(budget=int(mid_b), width=w, topk=m)
+    dims, _, min_n = mid_shape.partition("/n")
+    w, m = (int(x) for x in dims.split("x"))
+    n = int(min_n or 1)
+    if (w, m, n, mid_b) != (tree.width, tree.topk, tree.ngram_min_n, tree.budget):  # at its own best
+        mid_tree = TreeConfig(budget=int(mid_b), width=w, topk=m, ngram_min_n=n)
         methods += [Method(f"{name} @{mid_shape} B={mid_b}", name, mid_tree) for name in ("all-mid", "10101")]
     student = resolve(params.export.out_dir) / "scheduler.json"
     if student.is_file():  # the zoo-trained student, on a pair it never saw
         sched = load_scheduler(student, tree.depth)  # its tree signals are those of its own width
         w = int(sched.manifest["width"])
-        s_tree = TreeConfig(budget=tree.budget, width=w, topk=w)
+        s_tree = dataclasses.replace(tree, width=w, topk=w)
         methods.append(Method(f"student @{w}x{w}", sched, s_tree))
     runtimes = [runtime_for(profile, len(p), TreeConfig(budget=tree.budget)) for p in prompts]
     config = DecodeConfig(max_new_tokens=args.max_new_tokens)
@@ -220,7 +228,7 @@ def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict
         "prompt_tokens": [len(p) for p in prompts],
         "max_new_tokens": args.max_new_tokens,
         "budget": budget,
-        "shape": {k: shape[k] for k in SHAPE_KEYS},
+        "shape": {k: shape.get(k) for k in SHAPE_KEYS},
         "seconds": seconds,
         "methods": {n: {**{k: getattr(m, k) for k in MEASURED}, **checks[n]} for n, m in rows.items()},
         "per_dataset": per_dataset(results, datasets),

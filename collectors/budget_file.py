@@ -2,7 +2,9 @@
 
 Contract: ``<budget.out_dir>/budgets.json`` maps pair id -> an entry whose ``budget`` is the pair's
 `TreeConfig.budget` (verified nodes besides the root), an int in [1, tree.budget], and whose
-``width`` and ``topk`` (when present) are its tree shape; the entry's other keys are the
+``width`` and ``topk`` (when present) are its tree shape, whose ``round_budget`` (when not null)
+is its per-round budget rule (``verify_ms``, ``fixed_ms``, ``gain_scale``: decoder/budget.py
+`verify_budget`); the entry's other keys are the
 measurements behind it (pipeline/budget.py). `write_budgets` replaces the file
 atomically (temp file in the same folder, fsync, rename). `load_budgets` and `pair_budget` raise a
 `BudgetFileError` naming the file (and the pair or field) when it is missing, is not JSON, lacks the
@@ -13,6 +15,7 @@ No torch: any stage can read it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -71,18 +74,58 @@ def pair_budget(params: Params, pair_id: str) -> int:
     return budgets[pair_id]
 
 
-def pair_shape(params: Params, pair_id: str) -> tuple[int, int]:
-    """The tree shape (width, topk) the budget stage chose for ``pair_id``: the entry's ``width``
-    and ``topk`` (positive ints) when it has them, else the ``tree`` section's (mode fixed, or an
-    entry measured with that one shape only). Call `pair_budget` first: it checks the entry exists."""
-    default = (params.tree.width, params.tree.topk)
+def _entry(params: Params, pair_id: str) -> dict:
+    """The pair's entry of budgets.json (after `pair_budget` has checked the file and the pair)."""
+    path = budgets_path(params)
+    return json.loads(path.read_text(encoding="utf-8")).get(pair_id, {})
+
+
+def pair_shape(params: Params, pair_id: str) -> tuple[int, int, int]:
+    """The tree shape (width, topk, ngram_min_n) the budget stage chose for ``pair_id``: the
+    entry's ``width``, ``topk`` and ``ngram_min_n`` (positive ints) where it has them, else the
+    ``tree`` section's (mode fixed, or an entry measured with that one shape only). Call
+    `pair_budget` first: it checks the entry exists."""
+    tree = params.tree
+    default = (tree.width, tree.topk, tree.ngram_min_n)
     if params.budget.mode == "fixed":
         return default
-    path = budgets_path(params)
-    entry = json.loads(path.read_text(encoding="utf-8")).get(pair_id, {})
-    if "width" not in entry and "topk" not in entry:
-        return default
-    shape = (entry.get("width"), entry.get("topk"))
+    entry = _entry(params, pair_id)
+    shape = tuple(entry.get(k, d) for k, d in zip(("width", "topk", "ngram_min_n"), default, strict=True))
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape):
-        raise BudgetFileError(f"{path}: {pair_id}.width and .topk must be positive ints, got {shape}")
-    return shape[0], shape[1]
+        raise BudgetFileError(
+            f"{budgets_path(params)}: {pair_id}.width, .topk and .ngram_min_n must be positive ints, "
+            f"got {shape}"
+        )
+    return shape[0], shape[1], shape[2]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def pair_round_budget(params: Params, pair_id: str) -> dict[str, object]:
+    """The per-round budget rule the budget stage chose for ``pair_id`` as TreeConfig fields
+    (``verify_ms``, ``round_fixed_ms``, ``round_gain_scale``), or {} where the pair verifies its
+    fixed budget every round (no ``round_budget`` entry, or mode fixed). Checked: verify_ms holds
+    budget + 1 positive costs, the others are finite and >= 0."""
+    if params.budget.mode == "fixed":
+        return {}
+    entry = _entry(params, pair_id)
+    rule = entry.get("round_budget")
+    if rule is None:
+        return {}
+    where = f"{budgets_path(params)}: {pair_id}.round_budget"
+    if not isinstance(rule, dict):
+        raise BudgetFileError(f"{where} must be a mapping or null, got {type(rule).__name__}")
+    costs, fixed, scale = rule.get("verify_ms"), rule.get("fixed_ms"), rule.get("gain_scale")
+    need = entry["budget"] + 1
+    if not isinstance(costs, list) or len(costs) != need or not all(_number(c) and c > 0 for c in costs):
+        raise BudgetFileError(f"{where}.verify_ms must be {need} positive ms (B = 0..budget), got {costs!r}")
+    for name, value in (("fixed_ms", fixed), ("gain_scale", scale)):
+        if not (_number(value) and value >= 0):
+            raise BudgetFileError(f"{where}.{name} must be a finite number >= 0, got {value!r}")
+    return {
+        "verify_ms": tuple(float(c) for c in costs),
+        "round_fixed_ms": float(fixed),
+        "round_gain_scale": float(scale),
+    }

@@ -11,6 +11,9 @@ Contract (temperature 0, exact):
 - `sweep_pair` prices every walk with the pair's latency profile (fixed schedules: no decision
   cost) against AR priced as one-token target steps, summed over the prompts: a `PolicySweep` per
   policy (All-Small, All-Mid when the pair has a mid drafter).
+- `PolicySweep.round_rule_speedup`: the priced speedup of decoding with a per-round budget rule
+  (decoder.budget.verify_budget), walked over the same outcomes at every start: exact, like the
+  budget walks. `round_rules` gives the candidates the budget stage tries.
 - `saba_line`: SABA's cost line C(B) = B c_verify + c_fixed (GRAFT's rule, decoder.budget) through
   the mean drafting + tree work of the largest tree's rounds plus the profile's verify(B + 1).
 """
@@ -25,7 +28,7 @@ import numpy as np
 from collectors.branch_mid import committed_kv
 from collectors.latency import LatencyProfile, RoundCounts, fed_before_calls, price_ar, price_round
 from collectors.replay import Branch, BranchOutcome, Replayer, Walk, accepted_along, small_frontier
-from decoder.budget import budget_sweep, linear_cost, saba_budget
+from decoder.budget import budget_sweep, expected_gains, linear_cost, round_budget, saba_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
 from decoder.models import ModelPair
@@ -42,6 +45,7 @@ class FullOutcome:
     tree_nodes: int
     frontier: int | None
     small_steps: int
+    gains: np.ndarray  # [B] the per-round rule's expected accepted under B (decoder.budget)
 
     def at(self, budget: int) -> BranchOutcome:
         a = int(self.accepted[budget])
@@ -66,7 +70,8 @@ class SweepReplayer(Replayer):
         cfg = self.config.tree
         frontier = small_frontier(tree, b.bits, cfg.width, cfg.sequential)
         small = len(b.bits) - sum(b.bits)
-        return FullOutcome(sweep.accepted, sweep.kept, fed, b.calls, tree.n_alive, frontier, small)
+        gains = expected_gains(tree, b_max)
+        return FullOutcome(sweep.accepted, sweep.kept, fed, b.calls, tree.n_alive, frontier, small, gains)
 
 
 def sweep_prompt(
@@ -138,6 +143,9 @@ class PolicySweep:
     accepted: tuple[float, ...]  # per budget: mean accepted drafted tokens per round
     on_max: list[Sample]  # the round starts of the b_max trajectories
     every: list[Sample]  # every start position of every continuation
+    bits: tuple[bool, ...] = ()  # the schedule
+    # per prompt: (first round start, tokens to emit, this schedule's outcome at every start)
+    starts: tuple[tuple[int, int, dict[int, FullOutcome]], ...] = ()
 
     def speedup(self, budget: int) -> float:
         return self.ar_ms / self.priced_ms[budget - 1]
@@ -150,6 +158,66 @@ class PolicySweep:
         """SABA's budget and its line (c_verify, c_fixed) from the b_max trajectories' rounds."""
         c_verify, c_fixed = saba_line(profile, self.on_max, list(self.budgets))
         return saba_budget(c_verify, c_fixed, self.budgets[-1]), c_verify, c_fixed
+
+    def round_rule_walks(self, rule: RoundRule) -> list[Walk]:
+        """Per prompt, the trajectory of decoding with the per-round rule: at each round start the
+        round verifies B_t = round_budget(scale x gains[0..cap], verify_ms, fixed_ms) nodes, as
+        decoder.budget.verify_budget does with TreeConfig(budget=cap, verify_ms=..., ...)."""
+        walks = []
+        for start, limit, outcomes in self.starts:
+            walk = Walk()
+            at: int | None = start
+            while at is not None:
+                o = outcomes[at]
+                b = round_budget(rule.gain_scale * o.gains[: rule.cap + 1], rule.verify_ms, rule.fixed_ms)
+                at = walk.advance(o.at(b), at, limit, self.bits)
+            walks.append(walk)
+        return walks
+
+    def round_rule_speedup(self, profile: LatencyProfile, rule: RoundRule) -> float:
+        """Priced speedup over AR of decoding with the per-round rule (same prompts as the curve)."""
+        return self.ar_ms / sum(priced_ms(profile, w) for w in self.round_rule_walks(rule))
+
+
+@dataclass(frozen=True)
+class RoundRule:
+    """A per-round budget rule (TreeConfig's budget=cap, verify_ms, round_fixed_ms, round_gain_scale)."""
+
+    cap: int
+    verify_ms: tuple[float, ...]  # B = 0..cap: the profile's verify(B + 1)
+    fixed_ms: float
+    gain_scale: float
+
+    def fields(self) -> dict[str, object]:
+        """The budgets.json entry's ``round_budget`` (collectors/budget_file.py `pair_round_budget`)."""
+        return {"verify_ms": list(self.verify_ms), "fixed_ms": self.fixed_ms, "gain_scale": self.gain_scale}
+
+
+def gain_scale(sweep: PolicySweep, cap: int) -> float:
+    """The least-squares scale s of accepted ~ s x gains[cap] over every start (the drafters'
+    path probabilities calibrated to what the target accepts); 1 when no start has a gain."""
+    acc = np.array([float(o.accepted[cap]) for o, _ in sweep.every])
+    gains = np.array([float(o.gains[cap]) for o, _ in sweep.every])
+    norm = float(gains @ gains)
+    return float(acc @ gains) / norm if norm > 0 else 1.0
+
+
+def round_rules(
+    profile: LatencyProfile, sweep: PolicySweep, caps: Sequence[int], multipliers: Sequence[float]
+) -> list[RoundRule]:
+    """Candidate rules: each cap, each multiplier of the fitted `gain_scale`, with fixed_ms 0
+    (verification alone) and the mean priced drafting + tree work of the policy's rounds at that
+    cap (every start)."""
+    rules = []
+    for cap in caps:
+        verify = tuple(profile.verify_ms(b + 1) for b in range(cap + 1))
+        counts = [round_counts(o, cap) for o, _ in sweep.every]
+        draft = float(
+            np.mean([price_round(profile, c) - profile.verify_ms(c.verified_nodes) for c in counts])
+        )
+        fitted = gain_scale(sweep, cap)
+        rules += [RoundRule(cap, verify, fixed, fitted * m) for fixed in (0.0, draft) for m in multipliers]
+    return rules
 
 
 def fixed_policies(pair: ModelPair, depth: int, schedules: Sequence[str] = ()) -> dict[str, tuple[bool, ...]]:
@@ -190,6 +258,7 @@ def sweep_pair(
     acc: dict[tuple[int, int], list[int]] = {k: [] for k in ms}
     on_max: list[list[Sample]] = [[] for _ in names]
     every: list[list[Sample]] = [[] for _ in names]
+    starts: list[list[tuple[int, int, dict[int, FullOutcome]]]] = [[] for _ in names]
     ar_ms = 0.0
     for i, prompt in enumerate(prompts):
         walks, seen, limit = sweep_prompt(rep, prompt, budgets)
@@ -199,6 +268,7 @@ def sweep_pair(
         end = len(prompt) + limit
         for s in range(len(names)):
             every[s] += [(o[s], end - start) for start, o in seen.items()]
+            starts[s].append((len(prompt), limit, {start: o[s] for start, o in seen.items()}))
             start = len(prompt)
             for r in walks[s, b_max].rounds:
                 on_max[s].append((seen[start][s], end - start))
@@ -214,6 +284,8 @@ def sweep_pair(
             tuple(float(np.mean(acc[s, b])) for b in budgets),
             on_max[s],
             every[s],
+            names[name],
+            tuple(starts[s]),
         )
         for s, name in enumerate(names)
     }

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from collectors.budget_file import pair_budget, pair_shape
+from collectors.budget_file import pair_budget, pair_round_budget, pair_shape
 from collectors.latency import LatencyProfile, load_profile
 from collectors.prompts import Question, encode_prompts, load_questions
 from collectors.report import (
@@ -50,11 +50,16 @@ def tree_config(tree: TreeParams) -> TreeConfig:
 
 
 def pair_tree(params: Params, pair_id: str) -> TreeConfig:
-    """The pair's TreeConfig: the ``tree`` section with the verification budget and tree shape
-    (width, topk) the budget stage chose for this pair (``<budget.out_dir>/budgets.json``)."""
+    """The pair's TreeConfig: the ``tree`` section with the verification budget, tree shape
+    (width, topk, ngram_min_n) and per-round budget rule (if any) the budget stage chose for this pair
+    (``<budget.out_dir>/budgets.json``)."""
     budget = pair_budget(params, pair_id)  # first: it names the file on a missing file or pair
-    width, topk = pair_shape(params, pair_id)
-    return dataclasses.replace(tree_config(params.tree), budget=budget, width=width, topk=topk)
+    width, topk, min_n = pair_shape(params, pair_id)
+    rule = pair_round_budget(params, pair_id)
+    tree = dataclasses.replace(
+        tree_config(params.tree), budget=budget, width=width, topk=topk, ngram_min_n=min_n
+    )
+    return dataclasses.replace(tree, **rule)
 
 
 @dataclass(frozen=True)

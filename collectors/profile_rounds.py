@@ -132,7 +132,7 @@ class Reference:
         self.context, self.n_ctx = context, len(context) - 1  # the last token is every tree's root
         self.verifier = TargetVerifier(pair.target, pair.vocab_size, cfg.topk)
         self.top = self.verifier.prefill(context)
-        self.ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
+        self.ngram = NgramDrafter.for_tree(cfg)
         self.ngram.commit(context)
         self.ngram.cache.set_rows(self.top.start, self.top.tokens, self.top.logps)
         self.mid = MidDrafter(pair.mid, pair.vocab_size) if pair.mid is not None else None

@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from collectors.branch_mid import KV, BranchMid, committed_kv
 from collectors.records import RoundRecord
 from collectors.trie_mid import RoundTrie, TrieBranchMid
+from decoder.budget import verify_budget
 from decoder.config import DecodeConfig
 from decoder.construct import RoundBuilder
 from decoder.generate import generate
@@ -192,7 +193,7 @@ class Replayer:
         start = len(prompt) - 1
         logits = forward_block(self.pair.target, verifier.cache, causal_block(text[start:-1], start, start))
         tail = top_logps(logits[:, : self.pair.vocab_size], cfg.topk, start)
-        ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
+        ngram = NgramDrafter.for_tree(cfg)
         for rows in (head, tail):
             ngram.cache.set_rows(rows.start, rows.tokens, rows.logps)
         return ngram
@@ -246,7 +247,7 @@ class Replayer:
         return out
 
     def finish(self, b: Branch, text: list[int], start: int) -> BranchOutcome:
-        pruned = b.state.tree.prune(self.config.tree.budget)
+        pruned = b.state.tree.prune(verify_budget(b.state.tree, self.config.tree))
         accepted = [int(pruned.source[a]) for a in accepted_along(pruned.tree, text, start)]
         fed = -1
         if b.calls:

@@ -188,6 +188,7 @@ class TreeParams:
     ngram_max_n: int
     ngram_max_matches: int
     ngram_chain_len: int
+    ngram_min_n: int
     sequential: bool
 
 
@@ -220,6 +221,11 @@ class BudgetParams:
     shapes: tuple[tuple[int, ...], ...]
     # mixed fixed schedules (bit strings, e.g. "10101") swept beside All-Small and All-Mid
     schedules: tuple[str, ...]
+    # per-round budget rule (decoder/budget.py verify_budget): multipliers of the gain scale fitted
+    # on the sweep's rounds (collectors/budget_sweep.py gain_scale) tried; [] = off
+    round_gain_scales: tuple[float, ...] = ()
+    # the rule replaces the fixed budget only when it prices at least this much faster (0.02 = 2%)
+    round_min_gain: float = 0.02
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,14 @@ Contract (pure Python/NumPy, no torch):
 - Fitted rule: with E[A](B) the expected accepted drafted tokens under budget B (e.g. from
   `budget_sweep` over replayed rounds) and C(B) a measured round cost, a round commits E[A] + 1
   tokens, so the throughput-optimal budget is argmax (E[A](B) + 1) / C(B) (`best_budget`).
+- Per-round rule (`verify_budget`, on when `TreeConfig.verify_ms` is set): after a round's tree is
+  built, its own scores estimate the gain, E[A](B) = sum of exp(path score) over the first B nodes
+  of prune order (`expected_gains`: a node is accepted with its whole path, and the drafters'
+  log-probs stand in for that chance; `round_gain_scale` calibrates them), and the round verifies
+  B_t = argmax over B = 0..budget of (1 + E[A](B)) / (round_fixed_ms + verify_ms[B])
+  (`round_budget`; B_t = 0 verifies the root alone: one plain target step). Where a 2-token forward
+  costs what two 1-token forwards cost (fp32 on a CPU), a round whose drafts are unlikely to be
+  accepted then falls back to an autoregressive step instead of paying for a tree.
 - `budget_sweep(tree, accepted, b_max)`: from one greedy verification of the full tree (its
   accepted path), the accepted length and verified size under `tree.prune(B)` for every
   B <= b_max. prune keeps the best nodes in one order (score, then shallower, then index); when
@@ -30,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from decoder.config import TreeConfig
 from decoder.tree import ROOT, DraftTree
 
 SABA_BETA = 0.5
@@ -96,6 +105,41 @@ def best_budget(budgets: Sequence[int], expected_accepted: Sequence[float], cost
     if not np.all(np.isfinite(c)) or np.any(c <= 0) or np.any(np.diff(c) < 0):
         raise ValueError(f"costs must be finite, > 0 and non-decreasing in the budget, got {c.tolist()}")
     return int(b[int(np.argmax((a + 1.0) / c))])
+
+
+def expected_gains(tree: DraftTree, b_max: int) -> np.ndarray:
+    """G[B] for B = 0..b_max: sum of exp(path score) over the first B nodes of prune order (all of
+    them, and G flat, past the live nodes)."""
+    if b_max < 0:
+        raise ValueError(f"b_max must be >= 0, got {b_max}")
+    order = prune_order(tree)[:b_max]
+    gains = np.zeros(b_max + 1)
+    if order:
+        scores = tree.scores
+        gains[1 : len(order) + 1] = np.cumsum(
+            np.exp(np.fromiter((scores[v] for v in order), float, len(order)))
+        )
+        gains[len(order) + 1 :] = gains[len(order)]
+    return gains
+
+
+def round_budget(gains: Sequence[float] | np.ndarray, verify_ms: Sequence[float], fixed_ms: float) -> int:
+    """argmax over B = 0..len(gains) - 1 of (1 + gains[B]) / (fixed_ms + verify_ms[B]); the smallest
+    B on a tie. verify_ms holds at least len(gains) costs (> 0)."""
+    g = np.asarray(gains, dtype=float)
+    if len(verify_ms) < len(g):
+        raise ValueError(f"need {len(g)} verify costs (B = 0..{len(g) - 1}), got {len(verify_ms)}")
+    cost = fixed_ms + np.asarray(verify_ms[: len(g)], dtype=float)
+    return int(np.argmax((1.0 + g) / cost))
+
+
+def verify_budget(tree: DraftTree, cfg: TreeConfig) -> int:
+    """The nodes (root excluded) this round verifies: cfg.budget, or with cfg.verify_ms set the
+    per-round rule's B_t <= cfg.budget (module docstring)."""
+    if not cfg.verify_ms:
+        return cfg.budget
+    gains = cfg.round_gain_scale * expected_gains(tree, cfg.budget)
+    return round_budget(gains, cfg.verify_ms, cfg.round_fixed_ms)
 
 
 @dataclass(frozen=True)

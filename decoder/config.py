@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -26,7 +27,14 @@ class TreeConfig:
     ngram_max_n: int = 5
     ngram_max_matches: int = 8  # most recent occurrences consulted per lookup
     ngram_chain_len: int = 4  # tokens per proposed continuation chain
+    ngram_min_n: int = 1  # shortest suffix match drafted from (2: no unigram matches)
     sequential: bool = False  # ablation: CSD-style cascade, one chain extended at its tip by top-1
+    # Per-round budget (decoder/budget.py `verify_budget`; off while verify_ms is empty): each round
+    # verifies the B <= budget of the best (1 + round_gain_scale x expected accepted) /
+    # (round_fixed_ms + verify_ms[B]), verify_ms[B] the measured ms to verify the root and B nodes.
+    verify_ms: tuple[float, ...] = ()
+    round_fixed_ms: float = 0.0
+    round_gain_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("depth", "width", "topk", "budget", "ngram_max_n", "ngram_max_matches"):
@@ -34,6 +42,26 @@ class TreeConfig:
                 raise ValueError(f"TreeConfig.{name} must be positive, got {getattr(self, name)}")
         if self.ngram_chain_len <= 0:
             raise ValueError(f"TreeConfig.ngram_chain_len must be positive, got {self.ngram_chain_len}")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise ValueError(
+                f"TreeConfig.ngram_min_n must be in [1, ngram_max_n={self.ngram_max_n}], "
+                f"got {self.ngram_min_n}"
+            )
+        object.__setattr__(self, "verify_ms", tuple(float(v) for v in self.verify_ms))
+        if self.verify_ms:
+            if len(self.verify_ms) < self.budget + 1:
+                raise ValueError(
+                    f"TreeConfig.verify_ms needs one cost per budget 0..{self.budget} "
+                    f"({self.budget + 1} values), got {len(self.verify_ms)}"
+                )
+            if not all(math.isfinite(v) and v > 0 for v in self.verify_ms):
+                raise ValueError(
+                    f"TreeConfig.verify_ms must be finite and > 0 ms, got {list(self.verify_ms)}"
+                )
+        for name in ("round_fixed_ms", "round_gain_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"TreeConfig.{name} must be finite and >= 0, got {value}")
         object.__setattr__(self, "grafting", Grafting(self.grafting))
 
 

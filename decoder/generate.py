@@ -33,6 +33,7 @@ from transformers import DynamicCache
 from decoder.block import BlockProposer
 from decoder.block_decode import ddtree_generate
 from decoder.block_proposers import CausalLMProposer
+from decoder.budget import verify_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
 from decoder.device_rows import TorchRow
@@ -200,7 +201,7 @@ def _speculative(
     t_start = wall()
     if verifier is None:
         verifier = TargetVerifier(pair.target, pair.vocab_size, cfg.topk)
-    ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
+    ngram = NgramDrafter.for_tree(cfg)
     mid = MidDrafter(pair.mid, pair.vocab_size) if pair.mid is not None and uses_mid(scheduler) else None
     builder = RoundBuilder(cfg, ngram, mid, clock)
     top = verifier.prefill(prompt)
@@ -215,7 +216,7 @@ def _speculative(
         lag = builder.mid_lag(committed)
         tree, steps = builder.build(committed, scheduler, times, runtime)
         t0 = clock()
-        pruned = tree.prune(cfg.budget)
+        pruned = tree.prune(verify_budget(tree, cfg))
         t1 = clock()
         verdict = verifier.verify(pruned.tree, config.temperature, rng)
         t2 = clock()

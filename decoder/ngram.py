@@ -7,7 +7,9 @@ Contract (token ids only, no torch):
   O(max_n) per token.
 - `TargetLogpCache` holds, for committed position i, the target's top-m next-token log-probs
   (filled at prefill, refreshed at accepted positions after each verification).
-- `NgramDrafter.propose(suffix)` matches the longest suffix (n <= max_n) of context + draft path and
+- `NgramDrafter.propose(suffix)` matches the longest suffix (min_n <= n <= max_n; `min_n` = 2 drops
+  one-token matches, the least reliable drafts, so a round without a longer match drafts nothing and
+  verifies the root alone, one plain target step) of context + draft path and
   returns up to `max_matches` distinct continuations, most recent occurrence first, each a chain of
   up to `chain_len` tokens copied from the context. It reads only those continuations from the
   successor map, never the (context-long) occurrence lists: O(max_n + max_matches x chain_len) per
@@ -24,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
+
+from decoder.config import TreeConfig
 
 
 class NgramIndex:
@@ -62,10 +66,10 @@ class NgramIndex:
                     hits.append(end)
             self._last_keys = keys
 
-    def latest_continuations(self, suffix: Sequence[int], limit: int) -> list[int]:
-        """End positions of the longest n-gram of `suffix`'s tail that has a successor, one per
-        distinct successor token, most recent first, at most `limit`: O(max_n + limit)."""
-        for n in range(min(self.max_n, len(suffix)), 0, -1):
+    def latest_continuations(self, suffix: Sequence[int], limit: int, min_n: int = 1) -> list[int]:
+        """End positions of the longest n-gram (n >= min_n) of `suffix`'s tail that has a successor,
+        one per distinct successor token, most recent first, at most `limit`: O(max_n + limit)."""
+        for n in range(min(self.max_n, len(suffix)), min_n - 1, -1):
             after = self.successors.get(tuple(suffix[-n:]))
             if after:
                 return list(islice(reversed(after.values()), limit))
@@ -120,11 +124,17 @@ class Chain:
 class NgramDrafter:
     """Proposes continuation chains for a draft path from the committed context."""
 
-    def __init__(self, max_n: int = 5, max_matches: int = 8, chain_len: int = 4) -> None:
+    def __init__(self, max_n: int = 5, max_matches: int = 8, chain_len: int = 4, min_n: int = 1) -> None:
         self.index = NgramIndex(max_n)
         self.cache = TargetLogpCache()
         self.max_matches = max_matches
         self.chain_len = chain_len
+        self.min_n = min_n
+
+    @classmethod
+    def for_tree(cls, cfg: TreeConfig) -> NgramDrafter:
+        """The drafter of a TreeConfig's n-gram settings."""
+        return cls(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len, cfg.ngram_min_n)
 
     @property
     def max_n(self) -> int:
@@ -139,7 +149,7 @@ class NgramDrafter:
         cache = self.cache
         last = len(toks) - 1
         chains: list[Chain] = []
-        for end in self.index.latest_continuations(suffix, self.max_matches):
+        for end in self.index.latest_continuations(suffix, self.max_matches, self.min_n):
             stop = min(end + 1 + self.chain_len, last + 1)
             chain = tuple(toks[end + 1 : stop])
             logps = tuple(cache.logp(j - 1, toks[j]) for j in range(end + 1, stop))

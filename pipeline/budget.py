@@ -18,7 +18,17 @@ shape's own pick. The entry's ``decode_policy`` is what the pair decodes with by
 policy at B*, or ``ar`` where no budget of either policy prices faster than AR (on a CPU, a mid
 drafter costing most of a target forward, say). Also recorded: each policy's best B and its
 curve, and SABA's budget (GRAFT's rule: c_fixed / c_verify of each policy's cost line; the policy
-whose SABA budget prices faster). ``mode: fixed`` measures nothing and gives every pair
+whose SABA budget prices faster).
+
+The per-round rule (``budget.round_gain_scales``; decoder/budget.py `verify_budget`): each round
+verifies the B_t <= cap that maximises (1 + s x E[A](B)) / (fixed + verify(B + 1)), E[A] from the
+round's own path scores, so a round whose drafts are unlikely to be accepted can fall back to one
+plain target step. Candidates: caps each policy's best B and tree.budget, s the least-squares
+calibration of E[A] to the accepted lengths of the sweep's rounds times each multiplier, fixed 0 or
+the policy's mean drafting work; each priced exactly by walking the sweep's outcomes. The best one
+replaces the fixed B* only where it prices at least ``budget.round_min_gain`` faster; the entry then
+holds ``round_budget`` (verify_ms, fixed_ms, gain_scale) and pair_tree decodes with it.
+``mode: fixed`` measures nothing and gives every pair
 tree.budget (the stage switched off).
 
 Writes ``budget.out_dir``: ``budgets.json`` (collectors/budget_file.py reads it), ``budgets.md``,
@@ -33,7 +43,7 @@ import math
 from pathlib import Path
 
 from collectors.budget_file import BUDGETS_FILE, write_budgets
-from collectors.budget_sweep import PolicySweep, sweep_pair
+from collectors.budget_sweep import PolicySweep, RoundRule, round_rules, sweep_pair
 from collectors.latency import LatencyProfile
 from collectors.plan import dataset_file, load_registered_pair, profile_for, report_questions, tree_config
 from collectors.plots import new_figure
@@ -66,9 +76,17 @@ def validate(params: Params) -> None:
     odd = [b for b in cfg.schedules if len(b) != depth or set(b) - {"0", "1"}]
     if odd:
         raise ValueError(f"budget.schedules: each entry is a string of {depth} bits (tree.depth), got {odd}")
-    bad = [list(shape) for shape in cfg.shapes if len(shape) != 2 or min(shape) < 1]
+    max_n = params.tree.ngram_max_n
+    bad = [
+        list(shape)
+        for shape in cfg.shapes
+        if len(shape) not in (2, 3) or min(shape) < 1 or (len(shape) == 3 and shape[2] > max_n)
+    ]
     if bad:
-        raise ValueError(f"budget.shapes: each entry is [width, topk] of positive ints, got {bad}")
+        raise ValueError(
+            "budget.shapes: each entry is [width, topk] or [width, topk, ngram_min_n] of positive ints "
+            f"(ngram_min_n <= tree.ngram_max_n = {max_n}), got {bad}"
+        )
     if cfg.mode == "fixed":
         return
     if cfg.prompts_per_pair <= 0 or cfg.max_new_tokens <= 0 or not cfg.datasets:
@@ -97,8 +115,32 @@ def budget_specs(params: Params, pair_id: str) -> list[ReportSpec]:
     ]
 
 
-def choose(sweeps: dict[str, PolicySweep], profile: LatencyProfile, n_prompts: int) -> dict:
-    """The pair's entry of budgets.json: B*, SABA's pick, and each policy's curve."""
+def best_round_rule(
+    sweeps: dict[str, PolicySweep], profile: LatencyProfile, scales: tuple[float, ...]
+) -> tuple[str, RoundRule, float] | None:
+    """(policy, rule, priced speedup) of the best per-round budget rule over every policy, with
+    caps its own best B and the largest; None without gain scales."""
+    if not scales:
+        return None
+    best = None
+    for name, sw in sweeps.items():
+        for rule in round_rules(profile, sw, sorted({sw.best(), sw.budgets[-1]}), scales):
+            speed = sw.round_rule_speedup(profile, rule)
+            if best is None or speed > best[2]:
+                best = (name, rule, speed)
+    return best
+
+
+def choose(
+    sweeps: dict[str, PolicySweep],
+    profile: LatencyProfile,
+    n_prompts: int,
+    scales: tuple[float, ...] = (),
+    min_gain: float = 0.02,
+) -> dict:
+    """The pair's entry of budgets.json: B*, SABA's pick, each policy's curve, and the per-round
+    rule where one prices at least ``min_gain`` faster than the fixed B* (then the entry's
+    ``budget`` is the rule's cap and ``policy`` the rule's)."""
     budgets = next(iter(sweeps.values())).budgets
     best_at = {b: max(sweeps, key=lambda name: sweeps[name].speedup(b)) for b in budgets}
     chosen = max(budgets, key=lambda b: (sweeps[best_at[b]].speedup(b), -b))
@@ -118,13 +160,29 @@ def choose(sweeps: dict[str, PolicySweep], profile: LatencyProfile, n_prompts: i
         }
     saba_policy = max(sweeps, key=lambda name: sweeps[name].speedup(saba[name]))
     best_speedup = sweeps[best_at[chosen]].speedup(chosen)
+    policy, fixed_speedup = best_at[chosen], best_speedup
+    round_budget, tried = None, best_round_rule(sweeps, profile, scales)
+    if tried is not None and tried[2] >= (1.0 + min_gain) * best_speedup:
+        policy, rule, best_speedup = tried
+        chosen, round_budget = rule.cap, rule.fields()
     return {
         "mode": "measured",
         "budget": chosen,
-        "policy": best_at[chosen],
+        "policy": policy,
         # what the pair decodes with by default: AR where no budget of either policy prices faster
-        "decode_policy": best_at[chosen] if best_speedup >= 1.0 else AR,
+        "decode_policy": policy if best_speedup >= 1.0 else AR,
         "speedup_at_budget": best_speedup,
+        "round_budget": round_budget,  # null: every round verifies `budget` nodes
+        "speedup_fixed_budget": fixed_speedup,  # the best fixed B (every round the same)
+        "round_rule_tried": None
+        if tried is None
+        else {
+            "policy": tried[0],
+            "cap": tried[1].cap,
+            "fixed_ms": tried[1].fixed_ms,
+            "gain_scale": tried[1].gain_scale,
+            "speedup": tried[2],
+        },
         "speedup_at_max": max(sw.speedup(budgets[-1]) for sw in sweeps.values()),
         "saba_budget": saba[saba_policy],
         "saba_policy": saba_policy,
@@ -134,9 +192,18 @@ def choose(sweeps: dict[str, PolicySweep], profile: LatencyProfile, n_prompts: i
     }
 
 
-def tree_shapes(params: Params) -> list[tuple[int, int]]:
-    """The (width, topk) shapes swept: budget.shapes, or the tree section's own when empty."""
-    return [(int(w), int(m)) for w, m in params.budget.shapes] or [(params.tree.width, params.tree.topk)]
+def tree_shapes(params: Params) -> list[tuple[int, int, int]]:
+    """The (width, topk, ngram_min_n) shapes swept: budget.shapes (ngram_min_n the tree section's
+    where an entry has two numbers), or the tree section's own shape when empty."""
+    tree = params.tree
+    return [
+        (int(s[0]), int(s[1]), int(s[2]) if len(s) == 3 else tree.ngram_min_n) for s in params.budget.shapes
+    ] or [(tree.width, tree.topk, tree.ngram_min_n)]
+
+
+def shape_key(width: int, topk: int, min_n: int) -> str:
+    """A shape's key in the entry's ``shapes``: "WxM", with "/nN" where ngram_min_n is N > 1."""
+    return f"{width}x{topk}" + (f"/n{min_n}" if min_n > 1 else "")
 
 
 def measure_pair(params: Params, pair_id: str) -> dict:
@@ -148,15 +215,16 @@ def measure_pair(params: Params, pair_id: str) -> dict:
         p for spec in budget_specs(params, pair_id) for p in report_questions(params, spec, pair.tokenizer)[1]
     ]
     picks = {}
-    for width, topk in tree_shapes(params):
-        tree = dataclasses.replace(tree_config(params.tree), width=width, topk=topk)
+    for width, topk, min_n in tree_shapes(params):
+        tree = dataclasses.replace(tree_config(params.tree), width=width, topk=topk, ngram_min_n=min_n)
         sweeps = sweep_pair(
             pair, profile, prompts, tree, params.budget.max_new_tokens, schedules=params.budget.schedules
         )
-        picks[width, topk] = {**choose(sweeps, profile, len(prompts)), "width": width, "topk": topk}
-        pick = picks[width, topk]
-        log.info("%s, W = %d, m = %d: B* = %d (%s, %.2fx)", pair_id, width, topk, pick["budget"],
-                 pick["policy"], pick["speedup_at_budget"])  # fmt: skip
+        cfg = params.budget
+        pick = choose(sweeps, profile, len(prompts), cfg.round_gain_scales, cfg.round_min_gain)
+        picks[width, topk, min_n] = {**pick, "width": width, "topk": topk, "ngram_min_n": min_n}
+        log.info("%s, W = %d, m = %d, n-gram n >= %d: B* = %d (%s, %.2fx)", pair_id, width, topk, min_n,
+                 pick["budget"], pick["policy"], pick["speedup_at_budget"])  # fmt: skip
     # ties (All-Small's n-gram tree hardly depends on W and m): the shape where the policies do best
     # together, so a scheduler mixing in the mid drafter at this shape finds it cheapest
     entry = max(
@@ -164,11 +232,11 @@ def measure_pair(params: Params, pair_id: str) -> dict:
         key=lambda e: (e["speedup_at_budget"], sum(p["best_speedup"] for p in e["policies"].values())),
     )
     entry["shapes"] = {
-        f"{w}x{m}": {
+        shape_key(w, m, n): {
             **{k: e[k] for k in ("budget", "policy", "speedup_at_budget")},
             "best": {n: [p["best_budget"], p["best_speedup"]] for n, p in e["policies"].items()},
         }
-        for (w, m), e in picks.items()
+        for (w, m, n), e in picks.items()
     }
     log.info("%s: B* = %d, W = %d, m = %d (%s, %.2fx; %.2fx at B = %d; SABA B = %d, %.2fx)", pair_id,
              entry["budget"], entry["width"], entry["topk"], entry["policy"], entry["speedup_at_budget"],
@@ -180,24 +248,36 @@ def measure_pair(params: Params, pair_id: str) -> dict:
 def markdown(entries: dict[str, dict], b_max: int) -> str:
     lines = [
         f"| pair | B* | W x m | policy | speedup @ B* | speedup @ B={b_max} | gain | SABA B | speedup @ SABA "
-        "| best B per policy | decodes with |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| best B per policy | per-round rule | decodes with |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for pair_id, e in entries.items():
         if e["mode"] == "fixed":
-            lines.append(f"| {pair_id} | {e['budget']} | - | fixed | - | - | - | - | - | - | - |")
+            lines.append(f"| {pair_id} | {e['budget']} | - | fixed | - | - | - | - | - | - | - | - |")
             continue
         per = ", ".join(
             f"{n} {p['best_budget']} ({p['best_speedup']:.2f}x)" for n, p in e["policies"].items()
         )
+        min_n = e.get("ngram_min_n", 1)
+        shape = f"{e['width']} x {e['topk']}" + (f", n-gram n >= {min_n}" if min_n > 1 else "")
         lines.append(
-            f"| {pair_id} | {e['budget']} | {e['width']} x {e['topk']} | {e['policy']} "
+            f"| {pair_id} | {e['budget']} | {shape} | {e['policy']} "
             f"| {e['speedup_at_budget']:.2f}x "
             f"| {e['speedup_at_max']:.2f}x | {e['speedup_at_budget'] / e['speedup_at_max']:.2f} "
             f"| {e['saba_budget']} ({e['saba_policy']}) | {e['speedup_at_saba']:.2f}x | {per} "
-            f"| {e['decode_policy']} |"
+            f"| {rule_text(e)} | {e['decode_policy']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def rule_text(e: dict) -> str:
+    """The per-round rule column: on (B_t <= cap; the fixed B's speedup), or the best tried, or -."""
+    tried = e.get("round_rule_tried")
+    if e.get("round_budget") is not None:
+        return f"on, B_t <= {e['budget']} (fixed B: {e['speedup_fixed_budget']:.2f}x)"
+    if tried:
+        return f"off (best tried {tried['speedup']:.2f}x)"
+    return "-"
 
 
 def curve_rows(entries: dict[str, dict]) -> list[dict]:

@@ -12,7 +12,7 @@ import pytest
 from collect_workspace import build_workspace, collect_overrides
 from dvc_outputs import declared_paths
 
-from collectors.budget_file import BudgetFileError, load_budgets, pair_budget
+from collectors.budget_file import BudgetFileError, load_budgets, pair_budget, pair_round_budget
 from collectors.budget_sweep import fixed_policies, sweep_pair
 from collectors.latency import price_ar, price_round
 from collectors.plan import load_registered_pair, pair_tree, profile_for, report_questions, tree_config
@@ -47,11 +47,12 @@ def measured(workspace) -> tuple[Params, dict]:
     return params, run_budget(params)
 
 
-def plain_speedup(params: Params, prompt: list[int], b: int) -> float:
-    """Priced speedup over AR of the better fixed policy, by plain replay at TreeConfig.budget = b."""
+def plain_speedup(params: Params, prompt: list[int], b: int, rule: dict | None = None) -> float:
+    """Priced speedup over AR of the better fixed policy, by plain replay at TreeConfig.budget = b
+    (with the per-round rule's TreeConfig fields ``rule``, if given)."""
     pair = load_registered_pair(params, "tiny")
     profile = profile_for(params, "tiny")
-    tree = replace(tree_config(params.tree), budget=b)
+    tree = replace(tree_config(params.tree), budget=b, **(rule or {}))
     schedules = list(fixed_policies(pair, tree.depth, params.budget.schedules).values())
     got = Replayer(pair, DecodeConfig(max_new_tokens=params.budget.max_new_tokens, tree=tree), schedules)
     rep = got.replay_prompt(prompt)
@@ -86,7 +87,7 @@ def test_the_chosen_budget_prices_at_least_as_fast_as_plain_replay_at_other_budg
     pair = load_registered_pair(params, "tiny")
     (spec,) = budget.budget_specs(params, "tiny")
     (prompt,) = report_questions(params, spec, pair.tokenizer)[1]
-    at_chosen = plain_speedup(params, prompt, entry["budget"])
+    at_chosen = plain_speedup(params, prompt, entry["budget"], pair_round_budget(params, "tiny"))
     at_max = plain_speedup(params, prompt, b_max)
     assert at_chosen == pytest.approx(entry["speedup_at_budget"], rel=1e-9)
     assert at_max == pytest.approx(entry["speedup_at_max"], rel=1e-9)
@@ -120,21 +121,27 @@ def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace
     """budget.shapes: one sweep per (width, topk); the entry is the best-priced shape's pick, each
     shape's pick is recorded, and pair_tree hands that shape to collect and evaluate. A narrow
     shape's sweep prices exactly as plain replay at that shape (the same check as the default's)."""
-    params = budget_params(workspace, name="shapes", shapes=[[1, 1], [3, 2]], schedules=["10101"])
+    params = budget_params(workspace, name="shapes", shapes=[[1, 1], [3, 2], [3, 2, 2]], schedules=["10101"])
     entry = run_budget(params)["tiny"]
-    assert set(entry["shapes"]) == {"1x1", "3x2"}
+    assert set(entry["shapes"]) == {"1x1", "3x2", "3x2/n2"}  # the third: n-gram matches of >= 2 tokens
     assert set(entry["policies"]) == {"all-small", "all-mid", "10101"}  # a mixed schedule swept too
     assert all(set(e["best"]) == set(entry["policies"]) for e in entry["shapes"].values())
     best = max(entry["shapes"].values(), key=lambda e: e["speedup_at_budget"])
     assert entry["speedup_at_budget"] == best["speedup_at_budget"] and entry["budget"] == best["budget"]
     assert f"{entry['width']}x{entry['topk']}" in entry["shapes"]
     tree = pair_tree(params, "tiny")
-    assert (tree.budget, tree.width, tree.topk) == (entry["budget"], entry["width"], entry["topk"])
+    assert (tree.budget, tree.width, tree.topk, tree.ngram_min_n) == (
+        entry["budget"], entry["width"], entry["topk"], entry["ngram_min_n"]
+    )  # fmt: skip
     pair = load_registered_pair(params, "tiny")
     (spec,) = budget.budget_specs(params, "tiny")
     (prompt,) = report_questions(params, spec, pair.tokenizer)[1]
-    narrow = replace(params, tree=replace(params.tree, width=entry["width"], topk=entry["topk"]))
-    assert plain_speedup(narrow, prompt, entry["budget"]) == pytest.approx(
+    narrow = replace(
+        params,
+        tree=replace(params.tree, width=entry["width"], topk=entry["topk"], ngram_min_n=entry["ngram_min_n"]),
+    )
+    rule = pair_round_budget(params, "tiny")
+    assert plain_speedup(narrow, prompt, entry["budget"], rule) == pytest.approx(
         entry["speedup_at_budget"], rel=1e-9
     )
     # without shapes, the tree section's own shape: the default stage's entry keeps it
@@ -143,9 +150,9 @@ def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace
     assert set(default["shapes"]) == {f"{params.tree.width}x{params.tree.topk}"}
 
 
-@pytest.mark.parametrize("shapes", [[[2]], [[0, 2]], [[2, 2, 2]]])
+@pytest.mark.parametrize("shapes", [[[2]], [[0, 2]], [[2, 2, 6]], [[2, 2, 0]], [[2, 2, 2, 2]]])
 def test_a_malformed_tree_shape_is_refused(workspace, shapes) -> None:
-    with pytest.raises(ValueError, match=re.escape("budget.shapes: each entry is [width, topk]")):
+    with pytest.raises(ValueError, match=re.escape("budget.shapes: each entry is [width, topk] or [width")):
         run_budget(budget_params(workspace, name="bad-shape", shapes=shapes))
 
 
@@ -179,6 +186,55 @@ def test_the_reader_names_the_file_on_a_missing_pair_or_a_bad_file(workspace, tm
     path.write_text(json.dumps({"tiny": {"budget": params.tree.budget + 1}}))
     with pytest.raises(BudgetFileError, match=rf"tiny\.budget must be an int in \[1, {params.tree.budget}\]"):
         pair_budget(params, "tiny")
+
+
+def test_a_per_round_rule_is_chosen_only_where_it_prices_faster_and_reaches_the_decoder(workspace) -> None:
+    """With a cost curve where any tree costs two target steps, the stage tries per-round rules;
+    the entry carries one only when it prices round_min_gain faster than the best fixed budget,
+    and then pair_tree decodes with it and plain replay with that TreeConfig prices the same."""
+    params = budget_params(workspace, name="rule", round_gain_scales=[0.5, 1.0, 2.0], round_min_gain=0.0)
+    pair = load_registered_pair(params, "tiny")
+    profile = profile_for(params, "tiny")
+    stepped = replace(profile, verify_points=((1, profile.ar_token_ms), (2, 2 * profile.ar_token_ms),
+                                              (64, 2 * profile.ar_token_ms)))  # fmt: skip
+    (spec,) = budget.budget_specs(params, "tiny")
+    prompts = report_questions(params, spec, pair.tokenizer)[1]
+    sweeps = sweep_pair(pair, stepped, prompts, tree_config(params.tree), params.budget.max_new_tokens)
+    entry = budget.choose(sweeps, stepped, len(prompts), (0.5, 1.0, 2.0), 0.0)
+    tried = entry["round_rule_tried"]
+    assert tried["speedup"] > 0 and tried["cap"] in {sweeps[tried["policy"]].best(), params.tree.budget}
+    if entry["round_budget"] is None:
+        assert tried["speedup"] < entry["speedup_fixed_budget"]
+    else:
+        assert entry["speedup_at_budget"] == tried["speedup"] >= entry["speedup_fixed_budget"]
+    strict = budget.choose(sweeps, stepped, len(prompts), (0.5, 1.0, 2.0), 10.0)  # never 11x faster
+    assert strict["round_budget"] is None and strict["budget"] == max(
+        sweeps[strict["policy"]].budgets, key=lambda b: (sweeps[strict["policy"]].speedup(b), -b)
+    )
+    # the stage's own entry (profile as measured) reaches the decoder's TreeConfig when it has a rule
+    entry = run_budget(params)["tiny"]
+    tree = pair_tree(params, "tiny")
+    if entry["round_budget"] is None:
+        assert tree.verify_ms == ()
+    else:
+        assert tree.verify_ms == tuple(entry["round_budget"]["verify_ms"]) and tree.budget == entry["budget"]
+
+
+def test_a_malformed_round_rule_is_refused_naming_the_field(workspace, tmp_path) -> None:
+    params = budget_params(workspace, name=str(tmp_path / "budget"))
+    path = tmp_path / "budget" / "budgets.json"
+    path.parent.mkdir()
+    good = {"verify_ms": [1.0, 2.0, 2.0], "fixed_ms": 0.1, "gain_scale": 1.0}
+    path.write_text(json.dumps({"tiny": {"budget": 2, "round_budget": good}}))
+    assert pair_round_budget(params, "tiny") == {"verify_ms": (1.0, 2.0, 2.0), "round_fixed_ms": 0.1,
+                                                 "round_gain_scale": 1.0}  # fmt: skip
+    for field, bad, says in (("verify_ms", [1.0, 2.0], "verify_ms must be 3 positive ms"),
+                             ("verify_ms", [1.0, 0.0, 2.0], "verify_ms must be 3 positive ms"),
+                             ("fixed_ms", float("nan"), "fixed_ms must be a finite number"),
+                             ("gain_scale", -1, "gain_scale must be a finite number")):  # fmt: skip
+        path.write_text(json.dumps({"tiny": {"budget": 2, "round_budget": {**good, field: bad}}}))
+        with pytest.raises(BudgetFileError, match=re.escape(f"{path}: tiny.round_budget.{says}")):
+            pair_round_budget(params, "tiny")
 
 
 def test_prompts_reaching_the_evaluate_slice_are_refused(workspace) -> None:

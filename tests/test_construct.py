@@ -29,7 +29,7 @@ class FakeMid:
 
 def build(schedule: str, committed: list[int], **cfg):
     config = TreeConfig(**cfg)
-    ngram = NgramDrafter(config.ngram_max_n, config.ngram_max_matches, config.ngram_chain_len)
+    ngram = NgramDrafter.for_tree(config)
     ngram.commit(committed)
     ngram.cache.set_rows(0, [[t] for t in committed[1:]], [[-0.5]] * (len(committed) - 1))
     mid = FakeMid()

@@ -49,7 +49,7 @@ def count_lines(fn: Callable[[], object]) -> tuple[int, object]:
 def periodic_drafter(repeats: int, cfg: TreeConfig) -> tuple[NgramDrafter, list[int]]:
     """A drafter over PERIOD * repeats whose cached target rows depend only on the phase."""
     text = PERIOD * repeats
-    d = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
+    d = NgramDrafter.for_tree(cfg)
     d.commit(text)
     rows = [[PERIOD[(i + 1) % len(PERIOD)], 0, 10] for i in range(len(text) - 1)]
     d.cache.set_rows(0, rows, [[-0.5 - 0.01 * (i % len(PERIOD)), -2.0, -3.0] for i in range(len(text) - 1)])

@@ -503,7 +503,7 @@ def test_small_frontier_read_off_the_tree_equals_the_steps(pair) -> None:
     context = reference_context(pair, 60)
     seen = set()
     for s in range(32):
-        ngram = NgramDrafter(cfg.ngram_max_n, cfg.ngram_max_matches, cfg.ngram_chain_len)
+        ngram = NgramDrafter.for_tree(cfg)
         ngram.commit(context)
         rows = np.random.default_rng(s).normal(size=(len(context), cfg.topk)).tolist()
         ngram.cache.set_rows(0, [context[1:2] * cfg.topk] * len(context), rows)

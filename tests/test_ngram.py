@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from decoder.config import TreeConfig
 from decoder.ngram import NgramDrafter, NgramIndex, TargetLogpCache
 
 
@@ -85,3 +87,17 @@ def test_cache_floor_is_min_of_top_m():
     cache = TargetLogpCache()
     cache.set_rows(0, [[4, 5]], [[-0.1, -2.5]])
     assert cache.logp(0, 4) == -0.1 and cache.logp(0, 99) == -2.5
+
+
+def test_min_n_drafts_only_from_matches_of_that_length():
+    ctx = [1, 2, 3, 4, 9, 8, 2, 7]
+    d = filled(ctx)
+    # the suffix "... 5 2" matches only the unigram "2", which was followed by 3 and by 7
+    assert {c.tokens[0] for c in d.propose([5, 2], limit=10)} == {3, 7}
+    d.min_n = 2
+    assert d.propose([5, 2], limit=10) == []  # no bigram "5 2" in the context: nothing to draft
+    assert [c.tokens[0] for c in d.propose([1, 2], limit=10)] == [3]  # the bigram "1 2" still drafts
+    tree = TreeConfig(ngram_min_n=2)
+    assert NgramDrafter.for_tree(tree).min_n == 2
+    with pytest.raises(ValueError, match=r"ngram_min_n must be in \[1, ngram_max_n=5\]"):
+        TreeConfig(ngram_min_n=6)
