@@ -256,7 +256,7 @@ def main() -> None:
     parser.add_argument("--pairs", nargs="+", default=list(PAIRS))
     parser.add_argument("--datasets", nargs="+", default=["alpaca", "gsm8k", "humaneval", "mt_bench"])
     parser.add_argument("--prompts-per-dataset", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--out", default="artifacts/bench/real_pair")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
