@@ -9,7 +9,8 @@ measurements behind it (pipeline/budget.py). `write_budgets` replaces the file
 atomically (temp file in the same folder, fsync, rename). `load_budgets` and `pair_budget` raise a
 `BudgetFileError` naming the file (and the pair or field) when it is missing, is not JSON, lacks the
 pair or holds a budget out of range, so no stage silently decodes with a budget nobody chose.
-No torch: any stage can read it.
+`read_pair_budget` reads the file once for all a pair decodes with (budget, shape, per-round
+rule: collectors/plan.py `pair_tree`). No torch: any stage can read it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from config.params import Params, resolve
@@ -38,8 +40,8 @@ def write_budgets(path: Path, entries: Mapping[str, Mapping[str, object]]) -> Pa
     return replace_atomically(path, (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode())
 
 
-def load_budgets(path: Path, max_budget: int) -> dict[str, int]:
-    """pair id -> budget of every entry of ``path``, each checked to be an int in [1, max_budget]."""
+def _read(path: Path) -> dict:
+    """The file's mapping of pair id -> entry, or a BudgetFileError naming the file."""
     if not path.is_file():
         raise BudgetFileError(f"{path}: no budgets file; run the budget stage first")
     try:
@@ -48,6 +50,15 @@ def load_budgets(path: Path, max_budget: int) -> dict[str, int]:
         raise BudgetFileError(f"{path}: not a JSON file ({err})") from err
     if not isinstance(data, dict):
         raise BudgetFileError(f"{path}: expected a mapping of pair id -> entry, got {type(data).__name__}")
+    return data
+
+
+def load_budgets(path: Path, max_budget: int) -> dict[str, int]:
+    """pair id -> budget of every entry of ``path``, each checked to be an int in [1, max_budget]."""
+    return _budgets(path, _read(path), max_budget)
+
+
+def _budgets(path: Path, data: dict, max_budget: int) -> dict[str, int]:
     out = {}
     for pair_id, entry in data.items():
         budget = entry.get("budget") if isinstance(entry, dict) else None
@@ -59,42 +70,62 @@ def load_budgets(path: Path, max_budget: int) -> dict[str, int]:
     return out
 
 
-def pair_budget(params: Params, pair_id: str) -> int:
-    """The verification budget the budget stage chose for ``pair_id`` (reads budget.mode,
-    budget.out_dir and tree.budget); with ``budget.mode: fixed`` every pair gets tree.budget."""
+@dataclass(frozen=True)
+class PairBudget:
+    """What budgets.json says one pair decodes with, checked (module docstring)."""
+
+    budget: int
+    shape: tuple[int, int, int]  # width, topk, ngram_min_n
+    round_rule: dict[str, object]  # TreeConfig fields of the per-round rule, {} for none
+
+
+def read_pair_budget(params: Params, pair_id: str) -> PairBudget:
+    """The pair's budget, shape and per-round rule from one read of budgets.json (reads budget.mode,
+    budget.out_dir and the tree section); with ``budget.mode: fixed`` the tree section's, no rule."""
+    tree = params.tree
+    default = (tree.width, tree.topk, tree.ngram_min_n)
     if params.budget.mode == "fixed":
-        return params.tree.budget
+        return PairBudget(tree.budget, default, {})
     path = budgets_path(params)
-    budgets = load_budgets(path, params.tree.budget)
+    data = _read(path)
+    budgets = _budgets(path, data, tree.budget)
     if pair_id not in budgets:
         raise BudgetFileError(
             f"{path}: no budget for pair {pair_id!r} (it has {sorted(budgets)}); "
             "add the pair to collect.pairs or evaluate.pairs and rerun the budget stage"
         )
-    return budgets[pair_id]
+    entry = data[pair_id]
+    return PairBudget(
+        budgets[pair_id], _shape(path, pair_id, entry, default), _round_rule(path, pair_id, entry)
+    )
 
 
-def _entry(params: Params, pair_id: str) -> dict:
-    """The pair's entry of budgets.json (after `pair_budget` has checked the file and the pair)."""
-    path = budgets_path(params)
-    return json.loads(path.read_text(encoding="utf-8")).get(pair_id, {})
+def pair_budget(params: Params, pair_id: str) -> int:
+    """The verification budget the budget stage chose for ``pair_id``; with ``budget.mode: fixed``
+    every pair gets tree.budget."""
+    return read_pair_budget(params, pair_id).budget
 
 
 def pair_shape(params: Params, pair_id: str) -> tuple[int, int, int]:
     """The tree shape (width, topk, ngram_min_n) the budget stage chose for ``pair_id``: the
     entry's ``width``, ``topk`` and ``ngram_min_n`` (positive ints) where it has them, else the
-    ``tree`` section's (mode fixed, or an entry measured with that one shape only). Call
-    `pair_budget` first: it checks the entry exists."""
-    tree = params.tree
-    default = (tree.width, tree.topk, tree.ngram_min_n)
-    if params.budget.mode == "fixed":
-        return default
-    entry = _entry(params, pair_id)
+    ``tree`` section's (mode fixed, or an entry measured with that one shape only)."""
+    return read_pair_budget(params, pair_id).shape
+
+
+def pair_round_budget(params: Params, pair_id: str) -> dict[str, object]:
+    """The per-round budget rule the budget stage chose for ``pair_id`` as TreeConfig fields
+    (``verify_ms``, ``round_fixed_ms``, ``round_gain_scale``), or {} where the pair verifies its
+    fixed budget every round (no ``round_budget`` entry, or mode fixed). Checked: verify_ms holds
+    budget + 1 positive costs, the others are finite and >= 0."""
+    return read_pair_budget(params, pair_id).round_rule
+
+
+def _shape(path: Path, pair_id: str, entry: dict, default: tuple[int, int, int]) -> tuple[int, int, int]:
     shape = tuple(entry.get(k, d) for k, d in zip(("width", "topk", "ngram_min_n"), default, strict=True))
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape):
         raise BudgetFileError(
-            f"{budgets_path(params)}: {pair_id}.width, .topk and .ngram_min_n must be positive ints, "
-            f"got {shape}"
+            f"{path}: {pair_id}.width, .topk and .ngram_min_n must be positive ints, got {shape}"
         )
     return shape[0], shape[1], shape[2]
 
@@ -103,18 +134,11 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def pair_round_budget(params: Params, pair_id: str) -> dict[str, object]:
-    """The per-round budget rule the budget stage chose for ``pair_id`` as TreeConfig fields
-    (``verify_ms``, ``round_fixed_ms``, ``round_gain_scale``), or {} where the pair verifies its
-    fixed budget every round (no ``round_budget`` entry, or mode fixed). Checked: verify_ms holds
-    budget + 1 positive costs, the others are finite and >= 0."""
-    if params.budget.mode == "fixed":
-        return {}
-    entry = _entry(params, pair_id)
+def _round_rule(path: Path, pair_id: str, entry: dict) -> dict[str, object]:
     rule = entry.get("round_budget")
     if rule is None:
         return {}
-    where = f"{budgets_path(params)}: {pair_id}.round_budget"
+    where = f"{path}: {pair_id}.round_budget"
     if not isinstance(rule, dict):
         raise BudgetFileError(f"{where} must be a mapping or null, got {type(rule).__name__}")
     costs, fixed, scale = rule.get("verify_ms"), rule.get("fixed_ms"), rule.get("gain_scale")

@@ -7,11 +7,14 @@ Contract:
   ``evaluate.held_out_datasets``, i.e. the prompts collect_edges decoded and fit_edges fitted TDES
   on. A slice reaching ``evaluate.prompt_start`` is refused: the held-back prompts stay unseen.
 - :func:`walk_choice_prompt` decodes one of them greedily with DDTree at the collect budget, checks
-  the output with the lossless gate, and walks it exactly at every B <= b_max
-  (collectors/graft_eval.py, walk_budgets) with plain marginals and with the TDES scorer.
+  the output with the lossless gate, and readies its exact walks at every B <= b_max
+  (collectors/graft_eval.py, BudgetWalker) with plain marginals and with the TDES scorer.
 - :func:`learned_budget` is the argmax over B of the summed tokens over the summed priced ms of
   every walked prompt at B (ties: the smaller B); with a fixed AR price that is the argmax of the
   pooled priced speedup.
+- :func:`rule_speedup` is the same pooled priced speedup for a per-round budget rule
+  (decoder/block_budget.py), each prompt walked under the rule; the pipeline fits the rule's node
+  model on these walkers' node rows (models/gain_fit.py) and picks its cap by it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from collectors.graft_eval import Round, Walk, decode_arm, lossless_gate, walk_budgets
+from collectors.graft_eval import BudgetWalker, Round, decode_arm, lossless_gate
 from collectors.report import ReportSpec
 from config.params import Params
 from decoder.block import BlockProposer, Marginals
+from decoder.config import BlockBudgetRule
 from decoder.edge_scorer import EdgeScorer
 from decoder.models import ModelPair
 
@@ -48,10 +52,10 @@ def choice_specs(params: Params, pair_id: str) -> list[ReportSpec]:
 
 @dataclass(frozen=True)
 class ChoiceWalks:
-    """One collect prompt walked at every budget, by marginals and by TDES."""
+    """One collect prompt's exact walks, by marginals and by TDES."""
 
-    plain: Walk
-    tdes: Walk
+    plain: BudgetWalker
+    tdes: BudgetWalker
 
 
 def walk_choice_prompt(
@@ -64,30 +68,47 @@ def walk_choice_prompt(
     topk: int,
     max_new_tokens: int,
 ) -> ChoiceWalks:
-    """Decode ``prompt`` at the collect budget (lossless-gated) and walk it at every B <= b_max."""
+    """Decode ``prompt`` at the collect budget (lossless-gated) and ready its walks at every B <= b_max."""
     run = decode_arm(pair, proposer, None, prompt, collect_budget, topk, max_new_tokens)
     features = lossless_gate(pair, prompt, run.tokens, tuple(proposer.target_layers))
     proposals: dict[int, Marginals] = {}
-    walk = [
-        walk_budgets(proposer, prompt, run.tokens, features, b_max, topk, pair.vocab_size, s, proposals)
+    walkers = [
+        BudgetWalker(proposer, prompt, run.tokens, features, b_max, topk, pair.vocab_size, s, proposals)
         for s in (None, scorer)
     ]
-    return ChoiceWalks(walk[0], walk[1])
+    return ChoiceWalks(walkers[0], walkers[1])
+
+
+def pooled_speedup(
+    prompts: Sequence[Sequence[Round]], price: Callable[[Round], float], ar_token_ms: float
+) -> float:
+    """Summed tokens x AR's ms per token over the summed priced ms of every prompt's rounds."""
+    rounds = [r for p in prompts for r in p]
+    ms = sum(price(r) for r in rounds)
+    if not rounds or ms <= 0:
+        raise ValueError("no priced rounds on the collect prompts")
+    return sum(r.emitted for r in rounds) * ar_token_ms / ms
 
 
 def learned_budget(
-    walks: Sequence[Walk], price: Callable[[Round], float], ar_token_ms: float, b_max: int
+    walkers: Sequence[BudgetWalker], price: Callable[[Round], float], ar_token_ms: float, b_max: int
 ) -> tuple[int, list[float]]:
-    """(the B in 1..b_max with the most summed tokens per summed priced ms over ``walks``, the pooled
-    priced speedup at every B in 1..b_max)."""
-    if not walks:
+    """(the B in 1..b_max with the most summed tokens per summed priced ms over ``walkers``, the
+    pooled priced speedup at every B in 1..b_max)."""
+    if not walkers:
         raise ValueError("the learned budget needs at least one walked collect prompt")
-    curve = []
-    for b in range(1, b_max + 1):
-        rounds = [r for w in walks for r in w.at(b)]
-        ms = sum(price(r) for r in rounds)
-        if not rounds or ms <= 0:
-            raise ValueError(f"budget {b}: no priced rounds on the collect prompts")
-        curve.append(sum(r.emitted for r in rounds) * ar_token_ms / ms)
+    curve = [pooled_speedup([w.fixed(b) for w in walkers], price, ar_token_ms) for b in range(1, b_max + 1)]
     best = max(range(b_max), key=lambda i: (curve[i], -i))
     return best + 1, curve
+
+
+def rule_speedup(
+    walkers: Sequence[BudgetWalker],
+    rule: BlockBudgetRule,
+    price: Callable[[Round], float],
+    ar_token_ms: float,
+) -> float:
+    """The pooled priced speedup of walking every prompt under ``rule``."""
+    if not walkers:
+        raise ValueError("the budget rule needs at least one walked collect prompt")
+    return pooled_speedup([w.ruled(rule) for w in walkers], price, ar_token_ms)

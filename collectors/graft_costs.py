@@ -11,7 +11,9 @@ latency profile (collectors/latency.py), so given these measurements a round's p
 its counts only.
 
 Price of a round that verifies n drafted nodes: drafter_ms + build_ms(n) + verify_ms(n + 1)
-(+ saba_ms). build_ms interpolates the measured builds piecewise-linearly in n.
+(+ saba_ms). build_ms interpolates the measured builds piecewise-linearly in n. Under a per-round
+budget rule of cap c (decoder/block_budget.py) every round builds c nodes and decides:
+drafter_ms + build_ms(c) + rule_ms + verify_ms(n + 1), rule_ms measured at the largest size.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import torch
 from collectors.latency import LatencyProfile, Points, interpolate
 from collectors.profiling import Job, profile_clock, robust_medians
 from decoder.block import BlockProposer
+from decoder.block_budget import NODE_FEATURES, rule_budget
 from decoder.budget import linear_cost, saba_budget
+from decoder.config import BlockBudgetRule
 from decoder.ddtree import build_ddtree
 from decoder.edge_scorer import EdgeScorer
 from decoder.models import ModelPair
@@ -43,6 +47,7 @@ class GraftCosts:
     build_points: Points  # (drafted nodes, ms): DDTree by marginals
     tdes_build_points: Points  # (drafted nodes, ms): TDES edge grid + DDTree by edge scores
     saba_ms: float  # one SABA decision (its budget from the cost line)
+    rule_ms: float  # one per-round rule decision on a tree of max(sizes) nodes
     verify_points: Points  # from the profile: (tree nodes incl. the root, ms)
     ar_token_ms: float  # from the profile
 
@@ -61,6 +66,19 @@ class GraftCosts:
             + self.verify_ms(n_nodes)
             + (self.saba_ms if saba else 0.0)
         )
+
+    def rule_round_ms(self, n_nodes: int, cap: int, tdes: bool) -> float:
+        """The priced ms of a round under a budget rule of ``cap`` that verifies n_nodes nodes."""
+        return self.drafter_ms + self.build_ms(cap, tdes) + self.rule_ms + self.verify_ms(n_nodes)
+
+    def rule_costs(self, cap: int, tdes: bool) -> tuple[float, ...]:
+        """rule_round_ms at B = 0..cap: the cost curve a rule of that cap decides over."""
+        return tuple(self.rule_round_ms(b, cap, tdes) for b in range(cap + 1))
+
+    def rule_overhead_ms(self, cap: int) -> float:
+        """Full GRAFT's added decision time per round under a rule of ``cap``: TDES scoring and its
+        heap over the plain heap at the cap, plus the rule's decision."""
+        return self.build_ms(cap, True) - self.build_ms(cap, False) + self.rule_ms
 
     def overhead_ms(self, n_nodes: int) -> float:
         """GRAFT's added decision time per round at n_nodes: TDES scoring and its heap over the plain
@@ -107,12 +125,19 @@ def measure_costs(
     line = linear_cost([1, 2], [profile.verify_ms(2), profile.verify_ms(3)])
     b_max = max(sizes)
 
+    big = build_ddtree(root, ids, logps, b_max, pair.vocab_size)
+    rule = BlockBudgetRule(
+        (1.0,) * len(NODE_FEATURES), 0.0, tuple(profile.verify_ms(b + 1) for b in range(b_max + 1)), 0.1
+    )
+    first = float(logps[0, 0])
+
     def tdes_build(n: int) -> object:
         return build_ddtree(root, ids, logps, n, pair.vocab_size, scorer.for_round(root, ids, logps))
 
     jobs: dict[tuple, Job] = {
         ("drafter",): Job(lambda: None, lambda _: proposer.propose(feats, context, topk)),
         ("saba",): Job(lambda: None, lambda _: saba_budget(line[0], line[1] + 1.0, b_max), units=1),
+        ("rule",): Job(lambda: None, lambda _: rule_budget(big, first, 2, marg.k, rule), units=1),
     }
     for n in sorted(set(sizes)):
         jobs[("build", n)] = Job(
@@ -131,6 +156,7 @@ def measure_costs(
         build_points=tuple((n, ms[("build", n)]) for n in grid),
         tdes_build_points=tuple((n, ms[("tdes", n)]) for n in grid),
         saba_ms=ms[("saba",)],
+        rule_ms=ms[("rule",)],
         verify_points=tuple((int(n), float(v)) for n, v in profile.verify_points),
         ar_token_ms=profile.ar_token_ms,
     )

@@ -10,7 +10,7 @@ Contract (temperature 0):
 - :func:`lossless_gate`: one teacher-forced target forward over prompt + output; every output token
   must be the target's argmax after its prefix (the output is the target's own greedy
   continuation), and the forward's hidden states are the drafter's features for the walk.
-- :func:`walk_budgets` is the replay trick made exact for every budget at once: at every start
+- :class:`BudgetWalker` is the replay trick made exact for every budget at once: at every start
   position L of the continuation the drafter proposes from the target's features of the first
   L - 1 positions, DDTree is built once at b_max, and the one greedy check of that largest tree
   gives the accepted length under every B <= b_max (decoder.budget.budget_sweep: DDTree's pops at
@@ -18,6 +18,11 @@ Contract (temperature 0):
   round sequence of decoding at B, which :func:`decode_arm` at the same B must reproduce
   (the stage records the agreement; tests/test_graft_eval.py checks it). With a TDES scorer the
   same holds: the edge-scored heap also pops in node order and prune(B) keeps its first B pops.
+  The walker holds those per-start sweeps; besides every fixed B it walks a per-round
+  budget rule (decoder/block_budget.py: each visited start decides B_t from its own tree, as
+  decoding with ``BlockConfig(rule=...)`` does, which :func:`decode_arm` must reproduce) and gives
+  the fitting rows of that rule: every node among the first b_max of each start a walk visits, its
+  features and whether it is on the target's path.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import torch
 
 from collectors.edges import RecordingProposer, accepted_path, tree_match
 from decoder.block import BlockProposer, Marginals
+from decoder.block_budget import node_features, rule_budget
+from decoder.block_decode import round_tree
 from decoder.budget import budget_sweep
-from decoder.config import BlockConfig, DecodeConfig
+from decoder.config import BlockBudgetRule, BlockConfig, DecodeConfig
 from decoder.ddtree import build_ddtree
 from decoder.edge_scorer import EdgeScorer
 from decoder.generate import generate
@@ -54,6 +61,13 @@ class Round:
 class ArmRun:
     tokens: list[int]
     rounds: list[Round]
+    decode_s: float  # wall seconds of decoding after prefill
+
+
+def decode_ar(pair: ModelPair, prompt: list[int], max_new_tokens: int) -> ArmRun:
+    """Plain greedy target decoding, timed like decode_arm (the wall-clock baseline)."""
+    result = generate(pair, prompt, "ar", DecodeConfig(max_new_tokens=max_new_tokens), timing=False)
+    return ArmRun(list(result.new_tokens), [], result.wall_s - result.prefill_s)
 
 
 def decode_arm(
@@ -64,20 +78,22 @@ def decode_arm(
     budget: int,
     topk: int,
     max_new_tokens: int,
+    rule: BlockBudgetRule | None = None,
 ) -> ArmRun:
-    """Greedy DDTree decoding at ``budget`` (TDES-ranked with ``scorer``), every round matched."""
+    """Greedy DDTree decoding at ``budget`` (TDES-ranked with ``scorer``; with ``rule``, each
+    round's budget by the rule instead), every round matched."""
     recorder = RecordingProposer(proposer)
-    config = DecodeConfig(
-        max_new_tokens=max_new_tokens, block=BlockConfig(budget=budget, topk=topk, k=proposer.k)
-    )
+    block = BlockConfig(budget=budget, topk=topk, k=proposer.k, rule=rule)
+    config = DecodeConfig(max_new_tokens=max_new_tokens, block=block)
     result = generate(pair, prompt, "ddtree", config, timing=False, proposer=recorder, edge_scorer=scorer)
     sequence = list(prompt) + list(result.new_tokens)
-    rounds = []
+    rounds, prev = [], 0
     for i, ((n, marg), stats) in enumerate(zip(recorder.calls, result.rounds, strict=True)):
         root = sequence[n - 1]
         edges = None if scorer is None else scorer.for_round(root, marg.ids, marg.logps)
-        tree = build_ddtree(root, marg.ids, marg.logps, budget, pair.vocab_size, edges)
+        tree = round_tree(root, marg, block, pair.vocab_size, edges, prev)
         match = tree_match(tree, sequence[n : n + marg.k])
+        prev = match.accepted
         if len(tree) - 1 != stats.verified_size or min(match.accepted, stats.emitted) != stats.accepted:
             raise RuntimeError(
                 f"round {i} at B={budget}: rebuilt tree of {len(tree) - 1} nodes accepting "
@@ -86,7 +102,7 @@ def decode_arm(
         rounds.append(
             Round(stats.accepted, stats.emitted, stats.verified_size, match.target_nodes, match.mismatched)
         )
-    return ArmRun(list(result.new_tokens), rounds)
+    return ArmRun(list(result.new_tokens), rounds, result.wall_s - result.prefill_s)
 
 
 @torch.inference_mode()
@@ -118,52 +134,103 @@ class Walk:
         return self.rounds[budget]
 
 
-@torch.inference_mode()
-def walk_budgets(
-    proposer: BlockProposer,
-    prompt: list[int],
-    tokens: list[int],
-    features: torch.Tensor,
-    b_max: int,
-    topk: int,
-    vocab_size: int,
-    scorer: EdgeScorer | None = None,
-    proposals: dict[int, Marginals] | None = None,
-) -> Walk:
-    """The round sequences of greedy DDTree decoding at every B in 1..b_max (module docstring), the
-    trees ranked by TDES with ``scorer``. ``proposals`` (start position -> the drafter's marginals
-    there) is read and filled, so a second walk of the same output need not run the drafter again."""
-    sequence = list(prompt) + list(tokens)
-    end = len(sequence)
-    sweeps: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
-    proposals = {} if proposals is None else proposals
+@dataclass(frozen=True)
+class StartSweep:
+    """One start position's largest tree, checked once: what every budget and rule needs."""
 
-    def at_start(n: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        if n not in sweeps:
-            committed = sequence[:n]
-            if n not in proposals:
-                feats = features[: n - 1] if proposer.target_layers else None
-                proposals[n] = proposer.propose(feats, committed, topk)
-            marg = proposals[n]
-            edges = None if scorer is None else scorer.for_round(committed[-1], marg.ids, marg.logps)
-            tree = build_ddtree(committed[-1], marg.ids, marg.logps, b_max, vocab_size, edges)
-            greedy = sequence[n : n + marg.k]
+    tree: DraftTree  # DDTree at b_max
+    first_logp: float  # the drafter's best log-marginal at position 1
+    k: int  # positions the drafter proposed
+    accepted: np.ndarray  # accepted drafted tokens under B = 0..b_max
+    kept: np.ndarray  # verified drafted nodes under B = 0..b_max
+    counts: list[tuple[int, int]]  # (target-carrying, mismatched) nodes under B = 0..b_max
+    on_path: np.ndarray  # (min(b_max, nodes),) bool: node i (pop order) on the target's path
+
+
+class BudgetWalker:
+    """Exact walks of one greedy output under every budget and under budget rules (module docstring).
+
+    ``proposals`` (start position -> the drafter's marginals there) is read and filled, so a second
+    walker over the same output (e.g. TDES-ranked) need not run the drafter again."""
+
+    def __init__(
+        self,
+        proposer: BlockProposer,
+        prompt: list[int],
+        tokens: list[int],
+        features: torch.Tensor,
+        b_max: int,
+        topk: int,
+        vocab_size: int,
+        scorer: EdgeScorer | None = None,
+        proposals: dict[int, Marginals] | None = None,
+    ) -> None:
+        self.proposer, self.features, self.b_max, self.topk = proposer, features, b_max, topk
+        self.vocab_size, self.scorer = vocab_size, scorer
+        self.prompt_len = len(prompt)
+        self.sequence = list(prompt) + list(tokens)
+        self.proposals = {} if proposals is None else proposals
+        self._sweeps: dict[int, StartSweep] = {}
+
+    @torch.inference_mode()
+    def start(self, n: int) -> StartSweep:
+        if n not in self._sweeps:
+            committed = self.sequence[:n]
+            if n not in self.proposals:
+                feats = self.features[: n - 1] if self.proposer.target_layers else None
+                self.proposals[n] = self.proposer.propose(feats, committed, self.topk)
+            marg = self.proposals[n]
+            s = self.scorer
+            edges = None if s is None else s.for_round(committed[-1], marg.ids, marg.logps)
+            tree = build_ddtree(committed[-1], marg.ids, marg.logps, self.b_max, self.vocab_size, edges)
+            greedy = self.sequence[n : n + marg.k]
             path = accepted_path(tree, greedy)[1:]
-            sweep = budget_sweep(tree, path, b_max)
-            sweeps[n] = (sweep.accepted, sweep.kept, target_counts(tree, greedy, path, b_max))
-        return sweeps[n]
+            sweep = budget_sweep(tree, path, self.b_max)
+            on_path = np.zeros(min(self.b_max, len(tree) - 1), dtype=bool)
+            on_path[[v - 1 for v in path if v <= len(on_path)]] = True
+            first = float(marg.logps[0, 0]) if marg.k else 0.0
+            self._sweeps[n] = StartSweep(tree, first, marg.k, sweep.accepted, sweep.kept,
+                                         target_counts(tree, greedy, path, self.b_max), on_path)  # fmt: skip
+        return self._sweeps[n]
 
-    out: list[list[Round]] = [[]]
-    for b in range(1, b_max + 1):
-        rounds, n = [], len(prompt)
+    def walk(self, choose) -> list[Round]:
+        """Rounds from the prompt's end when each start's budget is choose(sweep, prev_accepted)."""
+        rounds, n, prev, end = [], self.prompt_len, 0, len(self.sequence)
         while n < end:
-            acc, kept, carry = at_start(n)
-            emitted = min(int(acc[b]) + 1, end - n)
-            target_nodes, mismatched = carry[b]
-            rounds.append(Round(min(int(acc[b]), emitted), emitted, int(kept[b]), target_nodes, mismatched))
+            sw = self.start(n)
+            b = choose(sw, prev)
+            emitted = min(int(sw.accepted[b]) + 1, end - n)
+            target_nodes, mismatched = sw.counts[b]
+            rounds.append(Round(min(int(sw.accepted[b]), emitted), emitted, int(sw.kept[b]), target_nodes,
+                                mismatched))  # fmt: skip
+            prev = int(sw.accepted[b])
             n += emitted
-        out.append(rounds)
-    return Walk(out)
+        return rounds
+
+    def fixed(self, budget: int) -> list[Round]:
+        return self.walk(lambda sw, prev: budget)
+
+    def every_budget(self) -> Walk:
+        """The round sequences of greedy DDTree decoding at every B in 1..b_max."""
+        return Walk([[]] + [self.fixed(b) for b in range(1, self.b_max + 1)])
+
+    def ruled(self, rule: BlockBudgetRule) -> list[Round]:
+        if rule.cap > self.b_max:
+            raise ValueError(f"rule cap {rule.cap} exceeds the walked b_max {self.b_max}")
+        return self.walk(lambda sw, prev: rule_budget(sw.tree, sw.first_logp, prev, sw.k, rule))
+
+    def node_rows(self, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """(features, on-path labels) of the first b_max nodes of every start the walk at ``budget``
+        visits, each start's acceptance history that walk's."""
+        xs, ys = [], []
+
+        def record(sw: StartSweep, prev: int) -> int:
+            xs.append(node_features(sw.tree, self.b_max, sw.first_logp, prev, sw.k))
+            ys.append(sw.on_path)
+            return budget
+
+        self.walk(record)
+        return np.concatenate(xs), np.concatenate(ys)
 
 
 def target_counts(tree: DraftTree, greedy: list[int], path: list[int], b_max: int) -> list[tuple[int, int]]:

@@ -20,7 +20,10 @@ ROWS = (
     ("saba", "DDTree + SABA"),
     ("graft", "DDTree + TDES + SABA (GRAFT)"),
     ("learned", "DDTree + learned B"),
-    ("graft_learned", "DDTree + TDES + learned B (GRAFT, learned budget)"),
+    ("graft_learned", "DDTree + TDES + learned B"),
+    ("rule", "DDTree + learned per-round B"),
+    ("graft_rule", "DDTree + TDES + learned per-round B"),
+    ("full", "full GRAFT: TDES + the learned budget chosen on collect prompts"),
 )
 
 
@@ -71,4 +74,21 @@ def markdown(cells: Sequence[dict]) -> str:
                 f"n {r['tree_size']:.1f} @ B={r['budget']})"
             )
         lines.append(f"| {c['pair_id']} | {c['dataset_id']} | {c['group']} | " + " | ".join(parts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_wall(cells: Sequence[dict]) -> str:
+    """One line per cell: each decoded row's wall-clock speedup over AR and, last, the priced over
+    the wall-clock speedup of full GRAFT (1.00 = pricing matches the clock)."""
+    keys = [(k, label) for k, label in ROWS if k in cells[0]["wall"]]
+    head = (
+        "| pair | dataset | "
+        + " | ".join(f"{label}, wall" for _, label in keys)
+        + " | full GRAFT priced / wall |"
+    )
+    lines = [head, "|" + "---|" * (3 + len(keys))]
+    for c in cells:
+        parts = [f"{c['wall'][k]:.2f}x" for k, _ in keys]
+        ratio = c["rows"]["full"]["speedup"] / c["wall"]["full"]
+        lines.append(f"| {c['pair_id']} | {c['dataset_id']} | " + " | ".join(parts) + f" | {ratio:.2f} |")
     return "\n".join(lines) + "\n"

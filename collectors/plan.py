@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from collectors.budget_file import pair_budget, pair_round_budget, pair_shape
+from collectors.budget_file import read_pair_budget
 from collectors.latency import LatencyProfile, load_profile
 from collectors.prompts import Question, encode_prompts, load_questions
 from collectors.report import (
@@ -53,13 +53,12 @@ def pair_tree(params: Params, pair_id: str) -> TreeConfig:
     """The pair's TreeConfig: the ``tree`` section with the verification budget, tree shape
     (width, topk, ngram_min_n) and per-round budget rule (if any) the budget stage chose for this pair
     (``<budget.out_dir>/budgets.json``)."""
-    budget = pair_budget(params, pair_id)  # first: it names the file on a missing file or pair
-    width, topk, min_n = pair_shape(params, pair_id)
-    rule = pair_round_budget(params, pair_id)
+    chosen = read_pair_budget(params, pair_id)
+    width, topk, min_n = chosen.shape
     tree = dataclasses.replace(
-        tree_config(params.tree), budget=budget, width=width, topk=topk, ngram_min_n=min_n
+        tree_config(params.tree), budget=chosen.budget, width=width, topk=topk, ngram_min_n=min_n
     )
-    return dataclasses.replace(tree, **rule)
+    return dataclasses.replace(tree, **chosen.round_rule)
 
 
 @dataclass(frozen=True)

@@ -385,13 +385,17 @@ class GraftEvalParams:
     TDES) and the SABA decision are timed with ``warmup``/``repeats``/``passes`` like a profile.
     The learned-budget rows choose one B per pair (with and without TDES) on the first
     ``choice_prompts_per_dataset`` collect prompts (capped at edges.prompts_per_dataset) of each
-    fitting edges dataset, never on the held-back ones."""
+    fitting edges dataset, never on the held-back ones. The per-round rows fit a node acceptance
+    model (logistic, penalty ``rule_l2``) on the same prompts and pick the rule's cap among
+    ``rule_caps`` (each <= budget_max) there."""
 
     out_dir: str
     prompts_per_cell: int
     max_new_tokens: int
     budget_max: int
     choice_prompts_per_dataset: int
+    rule_caps: tuple[int, ...]
+    rule_l2: float
     cost_sizes: tuple[int, ...]
     warmup: int
     repeats: int

@@ -6,21 +6,44 @@ builds the best tree of config.block.budget nodes from them, and the same Target
 other policy verifies it, greedy or by lossless rejection sampling, and commits. Rounds are
 recorded as RoundStats with no steps; the proposer's time is its "mid" component. With an
 EdgeScorer (GRAFT's TDES, decoder/edge_scorer.py) the tree is ranked by its parent-aware edge scores
-instead of the marginals alone; scoring a round's grid counts as "tree" time.
+instead of the marginals alone; scoring a round's grid counts as "tree" time. With a per-round
+budget rule (config.block.rule, decoder/block_budget.py) the tree is built at the rule's cap and the
+round verifies its first B_t nodes (`round_tree`, which the exact walk of collectors/graft_eval.py
+also calls); the decision counts as "tree" time.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from decoder.block import BlockProposer
-from decoder.config import DecodeConfig
-from decoder.ddtree import build_ddtree
+from decoder.block import BlockProposer, Marginals
+from decoder.block_budget import first_nodes, rule_budget
+from decoder.config import BlockConfig, DecodeConfig
+from decoder.ddtree import EdgeScores, build_ddtree
 from decoder.edge_scorer import EdgeScorer
 from decoder.models import ModelPair
 from decoder.outcome import GenerationResult, Output, RoundStats
 from decoder.timing import make_clock, no_clock, zero_times
+from decoder.tree import DraftTree
 from decoder.verify import TargetVerifier
+
+
+def round_tree(
+    root: int,
+    marginals: Marginals,
+    block: BlockConfig,
+    vocab_size: int | None,
+    edges: EdgeScores | None,
+    prev_accepted: int,
+) -> DraftTree:
+    """The tree a round verifies: DDTree at block.budget, or under block.rule its first B_t nodes
+    of the tree built at the rule's cap (prev_accepted: the previous round's accepted drafted
+    tokens, 0 in the first round)."""
+    tree = build_ddtree(root, marginals.ids, marginals.logps, block.build_budget, vocab_size, edges)
+    if block.rule is None:
+        return tree
+    first = float(marginals.logps[0, 0]) if marginals.k else 0.0
+    return first_nodes(tree, rule_budget(tree, first, prev_accepted, marginals.k, block.rule))
 
 
 def ddtree_generate(
@@ -43,6 +66,7 @@ def ddtree_generate(
     out = Output(config.max_new_tokens, pair.eos_token_ids)
     prefill_s = wall() - t_start
     rounds: list[RoundStats] = []
+    prev_accepted = 0
     while not out.done:
         times = zero_times()
         t0 = clock()
@@ -57,13 +81,12 @@ def ddtree_generate(
             if edge_scorer is None
             else edge_scorer.for_round(committed[-1], marginals.ids, marginals.logps)
         )
-        tree = build_ddtree(
-            committed[-1], marginals.ids, marginals.logps, config.block.budget, pair.vocab_size, edges
-        )
+        tree = round_tree(committed[-1], marginals, config.block, pair.vocab_size, edges, prev_accepted)
         t2 = clock()
         verdict = verifier.verify(tree, config.temperature, rng)
         t3 = clock()
         new = [tree.tokens[a] for a in verdict.accepted] + [verdict.bonus]
+        prev_accepted = len(verdict.accepted)
         emitted = out.emit(new)
         if not out.done:
             committed.extend(new)

@@ -66,17 +66,53 @@ class TreeConfig:
 
 
 @dataclass(frozen=True)
+class BlockBudgetRule:
+    """GRAFT's learned per-round budget (decoder/block_budget.py): the tree is built at
+    cap = len(cost_ms) - 1 nodes; node i is accepted with probability
+    sigmoid(weights . x_i + bias), x_i its features (block_budget.NODE_FEATURES); the round verifies
+    the B in 0..cap of the most (1 + expected accepted of its first B nodes) - rate x cost_ms[B]."""
+
+    weights: tuple[float, ...]
+    bias: float
+    cost_ms: tuple[float, ...]  # the whole round's ms when it verifies B = 0..cap drafted nodes
+    rate: float  # tokens per ms the decoding sustains (the price of a ms in tokens)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
+        object.__setattr__(self, "cost_ms", tuple(float(c) for c in self.cost_ms))
+        values = (*self.weights, float(self.bias), float(self.rate))
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"BlockBudgetRule: weights and bias must be finite, got {values}")
+        if not self.rate > 0:
+            raise ValueError(f"BlockBudgetRule.rate must be > 0 tokens per ms, got {self.rate}")
+        if len(self.cost_ms) < 2:
+            raise ValueError(f"BlockBudgetRule.cost_ms needs costs for B = 0..cap >= 1, got {self.cost_ms}")
+        if not all(math.isfinite(c) and c > 0 for c in self.cost_ms):
+            raise ValueError(f"BlockBudgetRule.cost_ms must be finite and > 0 ms, got {list(self.cost_ms)}")
+
+    @property
+    def cap(self) -> int:
+        return len(self.cost_ms) - 1
+
+
+@dataclass(frozen=True)
 class BlockConfig:
     """The `ddtree` policy (GRAFT, design/GRAFT.md): a DDTree from a block proposer's marginals."""
 
     budget: int = 63  # B drafted nodes per tree (popped prefixes), as the TreeGraft budget
     topk: int = 8  # m candidates per future position
     k: int = 8  # positions per round of the stand-in proposer generate builds when given none
+    rule: BlockBudgetRule | None = None  # per-round budget; the tree is then built at rule.cap
 
     def __post_init__(self) -> None:
         for name in ("budget", "topk", "k"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"BlockConfig.{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def build_budget(self) -> int:
+        """The nodes each round's DDTree is built with: rule.cap under a rule, else budget."""
+        return self.budget if self.rule is None else self.rule.cap
 
 
 @dataclass(frozen=True)

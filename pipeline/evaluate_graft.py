@@ -7,7 +7,7 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
 
 1. DDTree at the fixed B = ``edges.budget``,
 2. DDTree at the best fixed B in hindsight, per cell over B = 1..``graft_eval.budget_max``, from one
-   check of the largest tree per start position (collectors/graft_eval.py, walk_budgets),
+   check of the largest tree per start position (collectors/graft_eval.py, BudgetWalker),
 3. DDTree + TDES at the same B,
 4. DDTree + SABA (the paper's rule on this stage's cost line; one budget per pair) without and with
    TDES (GRAFT with the paper's budget),
@@ -17,8 +17,14 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
    B with the most tokens per priced ms over them all. The TDES scorer there is the exported one,
    fitted on those same prompts (fit_edges' out-of-fold scorers are not exported), so the TDES
    choice sees a scorer at least as good on them as on held-back prompts.
+6. DDTree with a learned per-round budget, without and with TDES: each round's B_t from its own
+   tree by a node acceptance model and the cost curve (decoder/block_budget.py), fitted and its
+   cap chosen on the same collect prompts (models/budget_rule.py).
+7. Full GRAFT: TDES with the learned budget, row 5's fixed B or row 6's per-round rule, whichever
+   prices faster on those collect prompts out of fold (each fitting dataset's prompts priced under
+   the budget chosen on the others; models/budget_rule.py), before any held-back prompt is read.
 
-Rows 1, 3, 4 and 5 are decoded for real (identical configurations once) and every output must be the
+Rows 1 and 3-6 are decoded for real (identical configurations once) and every output must be the
 target's greedy continuation (collectors/graft_eval.py, lossless_gate). Pricing is deterministic
 given the costs measured at the start of each pair (collectors/graft_costs.py) and the pair's
 latency profile (``profile.out_dir/<pair>.json``).
@@ -36,17 +42,19 @@ import time
 
 from collectors.graft_budget import choice_specs, learned_budget, walk_choice_prompt
 from collectors.graft_costs import GraftCosts, measure_costs
-from collectors.graft_eval import Round, decode_arm, lossless_gate, walk_budgets
-from collectors.graft_table import ROWS, markdown, row_stats
+from collectors.graft_eval import BudgetWalker, Round, decode_ar, decode_arm, lossless_gate
+from collectors.graft_table import ROWS, markdown, markdown_wall, row_stats
 from collectors.latency import load_profile
 from collectors.plan import dataset_file, load_registered_pair, report_questions
 from collectors.report import ReportSpec
 from config.params import Params, resolve
 from decoder.block import BlockProposer
 from decoder.block_drafter import load_block_drafter
+from decoder.config import BlockBudgetRule
 from decoder.edge_scorer import EdgeScorer, load_edge_scorer
 from decoder.files import replace_atomically
 from decoder.models import ModelPair
+from models.budget_rule import cross_fitted_speedups, fit_budget_rule
 from pipeline.cli import apply_runtime, run_stage
 from pipeline.tracking import log_metrics, stage_run
 
@@ -61,6 +69,12 @@ def validate(params: Params) -> None:
             raise ValueError(f"graft_eval.{name} must be positive, got {getattr(cfg, name)}")
     if cfg.warmup < 0:
         raise ValueError(f"graft_eval.warmup must be >= 0, got {cfg.warmup}")
+    if not cfg.rule_caps or min(cfg.rule_caps) < 1 or max(cfg.rule_caps) > cfg.budget_max:
+        raise ValueError(
+            f"graft_eval.rule_caps {list(cfg.rule_caps)} must lie in 1..budget_max={cfg.budget_max}"
+        )
+    if not cfg.rule_l2 >= 0:
+        raise ValueError(f"graft_eval.rule_l2 must be >= 0, got {cfg.rule_l2}")
     if not cfg.cost_sizes or min(cfg.cost_sizes) < 1 or max(cfg.cost_sizes) < cfg.budget_max:
         raise ValueError(
             f"graft_eval.cost_sizes {list(cfg.cost_sizes)} must be positive and reach "
@@ -109,51 +123,64 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
     costs = measure_costs(pair, pair_id, drafter, scorer, profile, context, edges.topk, cfg.cost_sizes,
                           cfg.warmup, cfg.repeats, cfg.passes)  # fmt: skip
     b, b_max = edges.budget, cfg.budget_max
-    choice = choose_budgets(params, pair, pair_id, drafter, scorer, costs)
-    arms = {"ddtree": (b, False), "tdes": (b, True), "saba": (costs.saba(b_max, False), False),
-            "graft": (costs.saba(b_max, True), True), "learned": (choice["plain"]["budget"], False),
-            "graft_learned": (choice["tdes"]["budget"], True)}  # fmt: skip
+    choice, rules = choose_budgets(params, pair, pair_id, drafter, scorer, costs)
+    # key -> (budget, TDES, per-round rule)
+    arms: dict[str, tuple[int, bool, BlockBudgetRule | None]] = {
+        "ddtree": (b, False, None), "tdes": (b, True, None), "saba": (costs.saba(b_max, False), False, None),
+        "graft": (costs.saba(b_max, True), True, None), "learned": (choice["plain"]["budget"], False, None),
+        "graft_learned": (choice["tdes"]["budget"], True, None),
+        "rule": (rules["plain"].cap, False, rules["plain"]),
+        "graft_rule": (rules["tdes"].cap, True, rules["tdes"]),
+    }  # fmt: skip
+    arms["full"] = arms["graft_rule" if choice["tdes"]["use_rule"] else "graft_learned"]
     layers = tuple(drafter.target_layers)
-    cells, walk_rounds, walk_agree, decodes = [], 0, 0, 0
+    cells, walk_rounds, walk_agree, rule_agree, decodes = [], 0, 0, 0, 0
     for dataset, dataset_prompts in prompts.items():
         runs: dict[str, list] = {key: [] for key in arms}
-        walks = []
+        walks, ar_runs = [], []
         for prompt in dataset_prompts:
-            done: dict[tuple[int, bool], list] = {}
-            for key, (budget, tdes) in arms.items():
-                if (budget, tdes) not in done:
-                    run = decode_arm(pair, drafter, scorer if tdes else None, prompt, budget, edges.topk,
-                                     cfg.max_new_tokens)  # fmt: skip
+            done: dict[tuple, list] = {}
+            for key, arm in arms.items():
+                if arm not in done:
+                    budget, tdes, rule = arm
+                    done[arm] = decode_arm(pair, drafter, scorer if tdes else None, prompt, budget,
+                                           edges.topk, cfg.max_new_tokens, rule)  # fmt: skip
                     decodes += 1
-                    done[(budget, tdes)] = run
-                runs[key].append(done[(budget, tdes)])
+                runs[key].append(done[arm])
             tokens = runs["ddtree"][-1].tokens
             features = lossless_gate(pair, prompt, tokens, layers)
+            ar_runs.append(decode_ar(pair, prompt, cfg.max_new_tokens))
             for key in arms:
                 if runs[key][-1].tokens != tokens:
                     raise RuntimeError(f"{pair_id}/{dataset}: row {key!r} emitted another output than DDTree")
-            walk = walk_budgets(drafter, prompt, tokens, features, b_max, edges.topk, pair.vocab_size)
-            walks.append(walk)
+            if ar_runs[-1].tokens != tokens:
+                raise RuntimeError(f"{pair_id}/{dataset}: autoregressive decoding emitted another output")
+            walker = BudgetWalker(drafter, prompt, tokens, features, b_max, edges.topk, pair.vocab_size)
+            walks.append([[]] + [walker.fixed(bb) for bb in range(1, b_max + 1)])
             walk_rounds += 1
-            walk_agree += walk.at(b) == runs["ddtree"][-1].rounds
+            walk_agree += walks[-1][b] == runs["ddtree"][-1].rounds
+            rule_agree += walker.ruled(rules["plain"]) == runs["rule"][-1].rounds
         rows = {}
-        for key, (budget, tdes) in arms.items():
-            saba = key in ("saba", "graft")
-            price = functools.partial(round_price, costs, tdes, saba)
+        for key, (budget, tdes, rule) in arms.items():
+            if rule is None:
+                price = functools.partial(round_price, costs, tdes, key in ("saba", "graft"))
+            else:
+                price = functools.partial(rule_price, costs, tdes, rule.cap)
             rows[key] = row_stats(budget, [r.rounds for r in runs[key]], price, costs.ar_token_ms)
         plain = functools.partial(round_price, costs, False, False)
-        grid = [
-            row_stats(bb, [w.at(bb) for w in walks], plain, costs.ar_token_ms) for bb in range(1, b_max + 1)
-        ]
+        grid = [row_stats(bb, [w[bb] for w in walks], plain, costs.ar_token_ms) for bb in range(1, b_max + 1)]
         rows["hindsight"] = max(grid, key=lambda r: (r.speedup, -r.budget))
+        equal = grid[arms["graft_learned"][0] - 1]  # plain DDTree at TDES's learned B: A at equal budget
         group = "held-out task" if dataset in ev.held_out_datasets else "fitting"
         cells.append(
             {"pair_id": pair_id, "dataset_id": dataset, "group": group, "prompts": len(dataset_prompts),
-             "rows": {k: rows[k].to_json() for k, _ in ROWS}}
+             "rows": {k: rows[k].to_json() for k, _ in ROWS}, "wall": wall_speedups(ar_runs, runs),
+             "ddtree_at_tdes_learned_budget": equal.to_json()}
         )  # fmt: skip
     summary = {
         "drafter_id": drafter_id,
         "budgets": {k: v[0] for k, v in arms.items()},
+        "overhead_ms_at_rule_cap": costs.rule_overhead_ms(rules["tdes"].cap),
         "learned_budget": choice,
         "saba_line_ms": list(costs.saba_line(b_max, False)),
         "saba_tdes_line_ms": list(costs.saba_line(b_max, True)),
@@ -161,6 +188,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         "overhead_ms_at_graft_budget": costs.overhead_ms(arms["graft"][0]),
         "decodes": decodes,
         "walk_equals_decoding": walk_agree / walk_rounds,
+        "rule_walk_equals_decoding": rule_agree / walk_rounds,
         "seconds": time.perf_counter() - t0,
     }
     log.info("%s: %s", pair_id, summary)
@@ -174,32 +202,53 @@ def choose_budgets(
     drafter: BlockProposer,
     scorer: EdgeScorer,
     costs: GraftCosts,
-) -> dict:
-    """B_learned by marginals and by TDES, from the collect prompts only (module docstring, row 5)."""
+) -> tuple[dict, dict[str, BlockBudgetRule]]:
+    """B_learned and the per-round rule, by marginals ("plain") and by TDES ("tdes"), from the
+    collect prompts only (module docstring, rows 5 and 6): (summary, rules)."""
     cfg, edges = params.graft_eval, params.edges
     t0 = time.perf_counter()
-    walks = []
+    groups = []
     specs = choice_specs(params, pair_id)
     for spec in specs:
-        for prompt in report_questions(params, spec, pair.tokenizer)[1]:
-            walks.append(walk_choice_prompt(pair, drafter, scorer, prompt, edges.budget, cfg.budget_max,
-                                            edges.topk, cfg.max_new_tokens))  # fmt: skip
-    out = {}
+        groups.append([walk_choice_prompt(pair, drafter, scorer, prompt, edges.budget, cfg.budget_max,
+                                          edges.topk, cfg.max_new_tokens)
+                       for prompt in report_questions(params, spec, pair.tokenizer)[1]])  # fmt: skip
+    walks = [w for g in groups for w in g]
+    out, rules = {}, {}
     for name, tdes in (("plain", False), ("tdes", True)):
         price = functools.partial(round_price, costs, tdes, False)
         got = [w.tdes if tdes else w.plain for w in walks]
         budget, curve = learned_budget(got, price, costs.ar_token_ms, cfg.budget_max)
+        rules[name], rule_summary = fit_budget_rule(got, budget, curve[budget - 1], costs, tdes,
+                                                    cfg.rule_caps, cfg.rule_l2)  # fmt: skip
+        oof = (curve[budget - 1], rule_summary["collect_speedup"])
+        if len(groups) >= 2:  # out of fold by dataset: the fair comparison of the two
+            split = [[w.tdes if tdes else w.plain for w in g] for g in groups]
+            oof = cross_fitted_speedups(split, costs, tdes, cfg.rule_caps, cfg.rule_l2, cfg.budget_max)
         out[name] = {"budget": budget, "collect_speedup": curve[budget - 1],
-                     "collect_speedup_at_fixed_budget": curve[edges.budget - 1]}  # fmt: skip
+                     "collect_speedup_at_fixed_budget": curve[edges.budget - 1], "rule": rule_summary,
+                     "oof_speedup_fixed": oof[0], "oof_speedup_rule": oof[1],
+                     "use_rule": oof[1] > oof[0]}  # fmt: skip
     out["prompts"] = len(walks)
     out["questions"] = {s.dataset_id: [s.prompt_start, s.prompt_stop] for s in specs}
     out["seconds"] = time.perf_counter() - t0
     log.info("%s: learned budgets %s", pair_id, out)
-    return out
+    return out, rules
+
+
+def wall_speedups(ar_runs: list, runs: dict[str, list]) -> dict[str, float]:
+    """Per decoded row: AR's decoding seconds over the row's, summed over the cell's prompts (each
+    prompt's rows and AR decoded back to back; prefill excluded on both sides, as in pricing)."""
+    ar_s = sum(r.decode_s for r in ar_runs)
+    return {key: ar_s / sum(r.decode_s for r in row) for key, row in runs.items()}
 
 
 def round_price(costs: GraftCosts, tdes: bool, saba: bool, r: Round) -> float:
     return costs.round_ms(r.nodes, tdes, saba)
+
+
+def rule_price(costs: GraftCosts, tdes: bool, cap: int, r: Round) -> float:
+    return costs.rule_round_ms(r.nodes, cap, tdes)
 
 
 def checks(cells: list[dict], pairs: dict[str, dict]) -> dict:
@@ -213,16 +262,32 @@ def checks(cells: list[dict], pairs: dict[str, dict]) -> dict:
     return {
         "n_cells": n,
         "graft_at_least_hindsight": share(lambda r: r["graft"]["speedup"] >= r["hindsight"]["speedup"]),
-        "full_graft_at_least_hindsight": share(
+        "full_graft_at_least_hindsight": share(lambda r: r["full"]["speedup"] >= r["hindsight"]["speedup"]),
+        "graft_learned_fixed_at_least_hindsight": share(
             lambda r: r["graft_learned"]["speedup"] >= r["hindsight"]["speedup"]
         ),
+        "graft_rule_at_least_hindsight": share(
+            lambda r: r["graft_rule"]["speedup"] >= r["hindsight"]["speedup"]
+        ),
+        "rule_at_least_learned_fixed": share(lambda r: r["rule"]["speedup"] >= r["learned"]["speedup"]),
         "learned_at_least_saba_on_mean": mean["learned"] >= mean["saba"],
-        "full_graft_at_least_saba_graft_on_mean": mean["graft_learned"] >= mean["graft"],
+        "rule_at_least_saba_on_mean": mean["rule"] >= mean["saba"],
+        "full_graft_at_least_saba_graft_on_mean": mean["full"] >= mean["graft"],
         "tdes_raises_a": share(lambda r: r["tdes"]["mean_accepted"] > r["ddtree"]["mean_accepted"]),
         "tdes_keeps_or_raises_a": share(lambda r: r["tdes"]["mean_accepted"] >= r["ddtree"]["mean_accepted"]),
+        "tdes_raises_a_at_learned_budget": sum(
+            c["rows"]["graft_learned"]["mean_accepted"] > c["ddtree_at_tdes_learned_budget"]["mean_accepted"]
+            for c in cells
+        )
+        / n,
         "mean_speedup": mean,
+        "mean_wall_speedup": {k: sum(c["wall"][k] for c in cells) / n for k in cells[0]["wall"]},
+        "priced_over_wall": {
+            k: sum(c["rows"][k]["speedup"] / c["wall"][k] for c in cells) / n for k in cells[0]["wall"]
+        },
         "max_overhead_ms": max(
-            max(p["overhead_ms_at_budget"], p["overhead_ms_at_graft_budget"]) for p in pairs.values()
+            max(p["overhead_ms_at_budget"], p["overhead_ms_at_graft_budget"], p["overhead_ms_at_rule_cap"])
+            for p in pairs.values()
         ),
     }
 
@@ -237,7 +302,7 @@ def main(params: Params) -> dict:
         for pair_id, drafter_id in zip(params.edges.pairs, params.edges.drafters, strict=True):
             pair_cells, costs[pair_id], pairs[pair_id] = evaluate_pair(params, pair_id, drafter_id)
             cells += pair_cells
-        table = markdown(cells)
+        table = markdown(cells) + "\n" + markdown_wall(cells)
         metrics = {**checks(cells, pairs), "pairs": pairs, "seconds": time.perf_counter() - t0}
         out.mkdir(parents=True, exist_ok=True)
         for name, obj in (("costs.json", {p: c.to_json() for p, c in costs.items()}), ("cells.json", cells),

@@ -16,7 +16,7 @@ from test_lossless import EOS, prompts, reference
 from collectors.edges import RecordingProposer, tree_match
 from collectors.graft_budget import choice_specs, learned_budget
 from collectors.graft_costs import GraftCosts, measure_costs
-from collectors.graft_eval import Round, decode_arm, lossless_gate, walk_budgets
+from collectors.graft_eval import BudgetWalker, Round, decode_arm, lossless_gate
 from collectors.latency import LatencyProfile, load_profile, save_profile
 from collectors.plan import load_registered_pair
 from decoder.block_drafter import BlockDrafter, BlockDrafterConfig, BlockDrafterNet, load_block_drafter
@@ -54,8 +54,8 @@ def test_the_budget_walk_is_the_round_sequence_of_decoding_at_every_budget(pair)
         ref = decode_arm(pair, proposer, None, prompt, 20, M, 30)
         assert ref.tokens == reference(pair.target, prompt, 30)
         feats = lossless_gate(pair, prompt, ref.tokens, ())
-        walk = walk_budgets(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats, 20, M,
-                            pair.vocab_size)  # fmt: skip
+        proposer = CausalLMProposer(pair.mid, pair.vocab_size, K)
+        walk = BudgetWalker(proposer, prompt, ref.tokens, feats, 20, M, pair.vocab_size).every_budget()
         for b in (1, 2, 5, 11, 20):
             run = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), None, prompt, b, M, 30)
             assert walk.at(b) == run.rounds, f"B={b}"
@@ -73,10 +73,13 @@ def test_the_budget_walk_with_tdes_is_the_round_sequence_of_tdes_decoding(pair) 
     ref = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), None, prompt, 20, M, 30)
     feats = lossless_gate(pair, prompt, ref.tokens, ())
     proposals: dict = {}
-    plain = walk_budgets(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats, 20, M,
-                         pair.vocab_size, None, proposals)  # fmt: skip
-    tdes = walk_budgets(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats, 20, M,
-                        pair.vocab_size, scorer, proposals)  # fmt: skip
+    proposer = CausalLMProposer(pair.mid, pair.vocab_size, K)
+    plain = BudgetWalker(
+        proposer, prompt, ref.tokens, feats, 20, M, pair.vocab_size, None, proposals
+    ).every_budget()
+    tdes = BudgetWalker(
+        proposer, prompt, ref.tokens, feats, 20, M, pair.vocab_size, scorer, proposals
+    ).every_budget()
     differs = False
     for b in (1, 3, 8, 20):
         run = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), scorer, prompt, b, M, 30)
@@ -88,7 +91,7 @@ def test_the_budget_walk_with_tdes_is_the_round_sequence_of_tdes_decoding(pair) 
 
 def priced_costs(verify_points: tuple, ar_ms: float = 10.0) -> GraftCosts:
     return GraftCosts(pair_id="tiny", clock="wall", context_len=8, drafter_ms=0.0, build_points=((1, 0.0),),
-                      tdes_build_points=((1, 0.0),), saba_ms=0.0, verify_points=verify_points,
+                      tdes_build_points=((1, 0.0),), saba_ms=0.0, rule_ms=0.0, verify_points=verify_points,
                       ar_token_ms=ar_ms)  # fmt: skip
 
 
@@ -99,7 +102,7 @@ def test_the_learned_budget_follows_the_price_of_a_node(pair) -> None:
     for prompt in prompts(pair.vocab_size, 2, seed=17):
         ref = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), None, prompt, 16, M, 30)
         feats = lossless_gate(pair, prompt, ref.tokens, ())
-        walks.append(walk_budgets(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats,
+        walks.append(BudgetWalker(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, ref.tokens, feats,
                                   16, M, pair.vocab_size))  # fmt: skip
     for verify in (((1, 1.0), (17, 1.0)), ((1, 1.0), (17, 1000.0))):
         costs = priced_costs(verify)
@@ -109,7 +112,7 @@ def test_the_learned_budget_follows_the_price_of_a_node(pair) -> None:
 
         budget, curve = learned_budget(walks, price, costs.ar_token_ms, 16)
         assert len(curve) == 16 and curve[budget - 1] == max(curve)
-        per_round = [sum(len(w.at(b)) for w in walks) for b in range(1, 17)]
+        per_round = [sum(len(w.fixed(b)) for w in walks) for b in range(1, 17)]
         if verify[1][1] == 1.0:  # every round costs the same: fewest rounds wins, smallest such B
             assert budget == 1 + per_round.index(min(per_round)) and budget > 1
         else:
@@ -205,7 +208,7 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
     fit_edges.main(stage_params("fit_edges", params))
     tiny_profile(workspace / "profile" / "tiny.json")
     graft = {"out_dir": str(workspace / "graft"), "prompts_per_cell": 1, "max_new_tokens": 10,
-             "budget_max": 20,
+             "budget_max": 20, "rule_caps": [4, 20],
              "cost_sizes": [1, 8, 20], "warmup": 0, "repeats": 1, "passes": 1}  # fmt: skip
     held_back = {"datasets": ["code", "chat"], "held_out_datasets": ["chat"], "prompt_start": 2}
     overrides = {"graft_eval": graft, "evaluate": held_back}
@@ -222,6 +225,7 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
         assert rows["hindsight"]["speedup"] >= rows["ddtree"]["speedup"] - 1e-12
         assert 1 <= rows["hindsight"]["budget"] <= 20
     assert metrics["n_cells"] == len(cells) and metrics["pairs"]["tiny"]["walk_equals_decoding"] == 1.0
+    assert metrics["pairs"]["tiny"]["rule_walk_equals_decoding"] == 1.0
     assert "| tiny |" in (workspace / "graft" / "graft.md").read_text()
     choice = metrics["pairs"]["tiny"]["learned_budget"]
     # chosen on the collect slice of the fitting edges datasets only: "chat" is held out
@@ -230,15 +234,40 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
         rows = c["rows"]
         assert rows["learned"]["budget"] == choice["plain"]["budget"]
         assert rows["graft_learned"]["budget"] == choice["tdes"]["budget"]
+        # the per-round rows verify at most their rule's cap, chosen among rule_caps
+        for key, name in (("rule", "plain"), ("graft_rule", "tdes")):
+            cap = choice[name]["rule"]["cap"]
+            assert cap in (4, 20) and rows[key]["budget"] == cap and rows[key]["tree_size"] <= cap
+            by_cap = choice[name]["rule"]["collect_speedup_by_cap"]
+            assert choice[name]["rule"]["collect_speedup"] == max(by_cap.values())
+        # full GRAFT is the TDES row of whichever learned budget priced faster on the collect prompts
+        chosen = "graft_rule" if choice["tdes"]["use_rule"] else "graft_learned"
+        assert rows["full"] == rows[chosen]
+        # DDTree's A at TDES's learned B comes from the walk at that budget
+        assert c["ddtree_at_tdes_learned_budget"]["budget"] == rows["graft_learned"]["budget"]
+        if rows["learned"]["budget"] == rows["graft_learned"]["budget"]:
+            assert c["ddtree_at_tdes_learned_budget"]["mean_accepted"] == rows["learned"]["mean_accepted"]
+        assert choice["tdes"]["use_rule"] == (
+            choice["tdes"]["oof_speedup_rule"] > choice["tdes"]["oof_speedup_fixed"]
+        )
     assert isinstance(metrics["full_graft_at_least_hindsight"], float)
-    assert "learned B" in (workspace / "graft" / "graft.md").read_text()
+    table = (workspace / "graft" / "graft.md").read_text()
+    assert (
+        "learned B" in table
+        and "full GRAFT: TDES + the learned budget chosen on collect prompts, wall |" in table
+    )
+    # every decoded row (not the walked hindsight row) has a wall-clock speedup against AR
+    for c in cells:
+        assert set(c["wall"]) == {k for k in c["rows"] if k != "hindsight"}
+        assert all(v > 0 for v in c["wall"].values())
+    assert set(metrics["priced_over_wall"]) == set(cells[0]["wall"])
 
 
 def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None:  # noqa: F811
     """Other held-back prompts (another prompt_start, another dataset list) leave B_learned and its
     collect-prompt curve unchanged; a collect slice reaching the held-back prompts is refused."""
     graft = {"out_dir": str(workspace / "graft"), "prompts_per_cell": 1, "max_new_tokens": 10,
-             "budget_max": 20}  # fmt: skip
+             "budget_max": 20, "rule_caps": [4, 20]}  # fmt: skip
     got = []
     for start, datasets in ((2, ["code", "chat"]), (3, ["chat"])):
         held_back = {"datasets": datasets, "held_out_datasets": ["chat"], "prompt_start": start}
@@ -251,8 +280,8 @@ def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None
         scorer, _ = load_edge_scorer(workspace / "fit" / "scorers" / "tiny", vocab_size=pair.vocab_size,
                                      k=drafter.k)  # fmt: skip
         costs = priced_costs(((1, 1.0), (8, 1.5), (21, 4.0)))
-        choice = evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs)
-        got.append({k: v for k, v in choice.items() if k != "seconds"})
+        choice, rules = evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs)
+        got.append(({k: v for k, v in choice.items() if k != "seconds"}, rules))
     assert got[0] == got[1]
     held_back = {"datasets": ["code"], "held_out_datasets": ["chat"], "prompt_start": 1}
     params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})

@@ -38,7 +38,7 @@ def test_gains_line():
 def graft_cell(pair: str, dataset: str, graft: float, hindsight: float, learned: float = 1.0) -> dict:
     row = {"mean_accepted": 1.5, "mismatch_rate": 0.2, "tree_size": 8.0, "budget": 8}
     rows = {"graft": {**row, "speedup": graft}, "hindsight": {**row, "speedup": hindsight},
-            "graft_learned": {**row, "speedup": learned}}  # fmt: skip
+            "full": {**row, "speedup": learned}}  # fmt: skip
     return {"pair_id": pair, "dataset_id": dataset, "rows": rows}
 
 
@@ -59,12 +59,16 @@ def test_student_table_puts_the_evaluate_students_cell_beside_graft_and_n_a_wher
 
 def test_graft_checks_line():
     metrics = {"n_cells": 12, "graft_at_least_hindsight": 0.25, "full_graft_at_least_hindsight": 0.5,
+               "graft_rule_at_least_hindsight": 1 / 3,
                "learned_at_least_saba_on_mean": True, "full_graft_at_least_saba_graft_on_mean": False,
-               "tdes_raises_a": 0.5, "tdes_keeps_or_raises_a": 0.75, "max_overhead_ms": 0.21}  # fmt: skip
+               "tdes_raises_a": 0.5, "tdes_keeps_or_raises_a": 0.75, "tdes_raises_a_at_learned_budget": 0.25,
+               "max_overhead_ms": 0.21}  # fmt: skip
     line = graft_checks_line(metrics)
-    assert "12 cells" in line and "hindsight on 50% (GRAFT with SABA's budget on 25%)" in line
+    assert "12 cells" in line
+    assert "hindsight on 50% (GRAFT with SABA's budget on 25%, TDES + the per-round rule on 33%)" in line
     assert "learned B >= SABA's rule on the mean (with TDES: <)" in line
-    assert "on 50% (keeps or raises it on 75%)" in line and "at most 0.210 ms" in line
+    assert "on 50% at the fixed B (keeps or raises it on 75%) and on 25% at TDES's learned B" in line
+    assert "at most 0.210 ms" in line
 
 
 def test_learned_budget_line_names_each_pairs_budgets():
@@ -73,3 +77,13 @@ def test_learned_budget_line_names_each_pairs_budgets():
     line = learned_budget_line({"pairs": pairs, "mean_speedup": {"learned": 1.5, "saba": 1.25}})
     assert "zoo-chat-l B = 6 (TDES: 7); zoo-m B = 12 (TDES: 9)" in line
     assert "learned 1.50x, saba 1.25x" in line
+
+
+def test_learned_budget_line_says_which_budget_full_graft_uses():
+    tdes = {"budget": 9, "use_rule": False, "oof_speedup_rule": 1.01, "oof_speedup_fixed": 1.04,
+            "rule": {"cap": 16}}  # fmt: skip
+    pairs = {"zoo-m": {"learned_budget": {"plain": {"budget": 12}, "tdes": tdes}}}
+    metrics = {"pairs": pairs, "mean_speedup": {"full": 1.5}, "mean_wall_speedup": {"full": 1.25}}
+    line = learned_budget_line(metrics)
+    assert "zoo-m cap 16, 1.010x vs fixed B 1.040x, full GRAFT uses the fixed B" in line
+    assert "Mean wall-clock speedup: full 1.25x" in line
