@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from collectors.graft_costs import GraftCosts
 from collectors.graft_eval import BudgetWalker, Round, decode_arm, lossless_gate
 from collectors.report import ReportSpec
 from config.params import Params
@@ -79,15 +80,34 @@ def walk_choice_prompt(
     return ChoiceWalks(walkers[0], walkers[1])
 
 
+def round_price(costs: GraftCosts, tdes: bool, saba: bool, r: Round) -> float:
+    """A fixed-budget round's priced ms (TDES and SABA as given)."""
+    return costs.round_ms(r.nodes, tdes, saba)
+
+
+def rule_price(costs: GraftCosts, tdes: bool, cap: int, r: Round) -> float:
+    """A round's priced ms under a per-round rule built at ``cap``."""
+    return costs.rule_round_ms(r.nodes, cap, tdes)
+
+
+def priced_totals(rounds: Sequence[Round], price: Callable[[Round], float]) -> tuple[int, float]:
+    """(emitted tokens, priced ms) summed over ``rounds``."""
+    return sum(r.emitted for r in rounds), sum(price(r) for r in rounds)
+
+
+def totals_speedup(totals: Sequence[tuple[int, float]], ar_token_ms: float) -> float:
+    """Summed tokens x AR's ms per token over the summed priced ms of several :func:`priced_totals`."""
+    tokens, ms = sum(t for t, _ in totals), sum(m for _, m in totals)
+    if not tokens or ms <= 0:
+        raise ValueError("no priced rounds on the collect prompts")
+    return tokens * ar_token_ms / ms
+
+
 def pooled_speedup(
     prompts: Sequence[Sequence[Round]], price: Callable[[Round], float], ar_token_ms: float
 ) -> float:
     """Summed tokens x AR's ms per token over the summed priced ms of every prompt's rounds."""
-    rounds = [r for p in prompts for r in p]
-    ms = sum(price(r) for r in rounds)
-    if not rounds or ms <= 0:
-        raise ValueError("no priced rounds on the collect prompts")
-    return sum(r.emitted for r in rounds) * ar_token_ms / ms
+    return totals_speedup([priced_totals(p, price) for p in prompts], ar_token_ms)
 
 
 def learned_budget(

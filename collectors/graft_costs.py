@@ -75,15 +75,18 @@ class GraftCosts:
         """rule_round_ms at B = 0..cap: the cost curve a rule of that cap decides over."""
         return tuple(self.rule_round_ms(b, cap, tdes) for b in range(cap + 1))
 
+    def tdes_ms(self, n_nodes: int) -> float:
+        """TDES scoring and its heap over the plain heap, building n_nodes."""
+        return self.build_ms(n_nodes, True) - self.build_ms(n_nodes, False)
+
     def rule_overhead_ms(self, cap: int) -> float:
-        """Full GRAFT's added decision time per round under a rule of ``cap``: TDES scoring and its
-        heap over the plain heap at the cap, plus the rule's decision."""
-        return self.build_ms(cap, True) - self.build_ms(cap, False) + self.rule_ms
+        """Full GRAFT's added decision time per round under a rule of ``cap``: TDES at the cap plus
+        the rule's decision."""
+        return self.tdes_ms(cap) + self.rule_ms
 
     def overhead_ms(self, n_nodes: int) -> float:
-        """GRAFT's added decision time per round at n_nodes: TDES scoring and its heap over the plain
-        heap, plus the SABA decision."""
-        return self.build_ms(n_nodes, True) - self.build_ms(n_nodes, False) + self.saba_ms
+        """GRAFT's added decision time per round at n_nodes: TDES plus the SABA decision."""
+        return self.tdes_ms(n_nodes) + self.saba_ms
 
     def saba_line(self, b_max: int, tdes: bool) -> tuple[float, float]:
         """SABA's line (c_verify, c_fixed): least squares of round_ms over B = 1..b_max."""

@@ -223,6 +223,9 @@ FIELDS: dict[str, Field] = {
     # call), skip the next min(2^k - 1, c) rounds without deciding; absent or 0: decide every round.
     # Chosen out of fold by distill (decision-priced walk with the backoff carried start to start)
     "skip_rounds_max": Field(_int_at_least(0), required=False, kinds=("student",)),
+    # the backoff's idle margin h (>= 0): a round is idle only if no decided margin came within h of
+    # the threshold; absent: 0 (idle = no mid call). Chosen with skip_rounds_max by distill
+    "skip_rounds_margin": Field(_non_negative, required=False, kinds=("student",)),
     "targets": Field(_string, required=False, kinds=("value",)),
 }
 

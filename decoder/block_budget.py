@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from decoder.budget import gain_curve
 from decoder.config import BlockBudgetRule
 from decoder.tree import DraftTree
 
@@ -67,10 +68,7 @@ def rule_gains(
     """G[B] for B = 0..rule.cap: the expected accepted drafted tokens of the first B nodes (flat
     past the tree's last node)."""
     p = node_probs(node_features(tree, rule.cap, first_logp, prev_accepted, k), rule.weights, rule.bias)
-    gains = np.zeros(rule.cap + 1)
-    gains[1 : len(p) + 1] = np.cumsum(p)
-    gains[len(p) + 1 :] = gains[len(p)]
-    return gains
+    return gain_curve(p, rule.cap)
 
 
 def rule_budget(tree: DraftTree, first_logp: float, prev_accepted: int, k: int, rule: BlockBudgetRule) -> int:

@@ -107,20 +107,25 @@ def best_budget(budgets: Sequence[int], expected_accepted: Sequence[float], cost
     return int(b[int(np.argmax((a + 1.0) / c))])
 
 
+def gain_curve(probs: Sequence[float] | np.ndarray, b_max: int) -> np.ndarray:
+    """G[B] for B = 0..b_max: the summed acceptance probabilities of the first B nodes (flat past
+    the last of ``probs``)."""
+    if b_max < 0:
+        raise ValueError(f"b_max must be >= 0, got {b_max}")
+    p = np.asarray(probs, dtype=float)[:b_max]
+    gains = np.zeros(b_max + 1)
+    gains[1 : len(p) + 1] = np.cumsum(p)
+    gains[len(p) + 1 :] = gains[len(p)]
+    return gains
+
+
 def expected_gains(tree: DraftTree, b_max: int) -> np.ndarray:
     """G[B] for B = 0..b_max: sum of exp(path score) over the first B nodes of prune order (all of
     them, and G flat, past the live nodes)."""
     if b_max < 0:
         raise ValueError(f"b_max must be >= 0, got {b_max}")
-    order = prune_order(tree)[:b_max]
-    gains = np.zeros(b_max + 1)
-    if order:
-        scores = tree.scores
-        gains[1 : len(order) + 1] = np.cumsum(
-            np.exp(np.fromiter((scores[v] for v in order), float, len(order)))
-        )
-        gains[len(order) + 1 :] = gains[len(order)]
-    return gains
+    scores = tree.scores
+    return gain_curve(np.exp([scores[v] for v in prune_order(tree)[:b_max]]), b_max)
 
 
 def round_budget(gains: Sequence[float] | np.ndarray, verify_ms: Sequence[float], fixed_ms: float) -> int:

@@ -63,9 +63,10 @@ class RoundBackoff:
     decoder.scheduler.LearnedScheduler's ``skip_rounds_max`` and of the offline walk that chooses
     it, features.round_states.backoff_walk_pct).
 
-    A round is idle when it decided and called the mid drafter at none of its steps. After k idle
-    rounds in a row, the next min(2^k - 1, cap) rounds are skipped whole (no decisions); the round
-    after a skip-run decides again; a round that calls the mid drafter sets k back to 0. cap 0:
+    A round is idle when it decided and was never engaged: its scheduler calls :meth:`engaged` when
+    a decision calls the mid drafter, or (the scheduler's idle margin) comes close to calling it.
+    After k idle rounds in a row, the next min(2^k - 1, cap) rounds are skipped whole (no
+    decisions); the round after a skip-run decides again; an engaged round sets k back to 0. cap 0:
     never skip. Skipped rounds neither count as idle nor reset k.
     """
 
@@ -79,24 +80,24 @@ class RoundBackoff:
         self._idle = 0  # k, capped where 2^k - 1 >= cap (so it never grows without bound)
         self._left = 0  # rounds still to skip in the current skip-run
         self._open = False  # a deciding round is open; its outcome is settled when the next starts
-        self._invoked = False
+        self._engaged = False
 
     def start_round(self) -> bool:
         """Begin a round (settling the one before it); True when this round is skipped whole."""
         if self._open:
-            if self._invoked:
+            if self._engaged:
                 self._idle = 0
             else:
                 self._idle = min(self._idle + 1, self.cap.bit_length())
                 self._left = min(2**self._idle - 1, self.cap)
         skipped = self._left > 0
         self._left -= skipped
-        self._open, self._invoked = not skipped, False
+        self._open, self._engaged = not skipped, False
         return skipped
 
-    def invoked(self) -> None:
-        """The open round called the mid drafter."""
-        self._invoked = True
+    def engaged(self) -> None:
+        """The open round is not idle (it called the mid drafter, or came within the margin)."""
+        self._engaged = True
 
 
 def start_generation(scheduler: object) -> None:

@@ -143,14 +143,15 @@ class LearnedScheduler:
     later step of the round without deciding (no tree signals, no MLP): ``decided`` is then False
     for those steps, and the decoder counts (and the pricing charges) only the decisions taken.
 
-    With ``skip_rounds_max`` = c > 0 (cross-round backoff): a round is idle when the student called
-    the mid drafter at none of its steps. After k idle rounds in a row in which it decided, the next
+    With ``skip_rounds_max`` = c > 0 (cross-round backoff): a round is idle when no margin it decided
+    came above threshold - h, h = ``skip_rounds_margin`` (absent: 0, so idle = the student called
+    the mid drafter at none of its steps). After k idle rounds in a row in which it decided, the next
     min(2^k - 1, c) rounds are skipped whole without deciding (every step answers False with
     ``decided`` False); the round after a skip-run decides again, and a round that calls the mid
-    drafter sets k back to 0 (decoder.policies.RoundBackoff). A round starts at step 1. The state
-    belongs to one generation:
-    :meth:`reset` (called through decoder.policies.start_generation by ``generate`` and by the
-    policy replay for every prompt) starts it afresh.
+    drafter, or comes within h of calling it, sets k back to 0 (decoder.policies.RoundBackoff). A
+    round starts at step 1. The state belongs to one generation: :meth:`reset` (called through
+    decoder.policies.start_generation by ``generate`` and by the policy replay for every prompt)
+    starts it afresh.
     """
 
     def __init__(self, art: Artifact, signals: Sequence[str]) -> None:
@@ -162,6 +163,7 @@ class LearnedScheduler:
         self.skip_rest_below = None if gate is None else self.threshold - float(gate)
         self.skip_rounds_max = int(art.manifest.get("skip_rounds_max", 0))
         self.backoff = RoundBackoff(self.skip_rounds_max)
+        self.engaged_above = self.threshold - float(art.manifest.get("skip_rounds_margin", 0.0))
         self.features = _OnlineFeatures(signals, int(art.manifest["width"]))
         self.reset()
 
@@ -191,8 +193,9 @@ class LearnedScheduler:
             return False
         self.decided = True
         score = float(self.net(self.features(ctx)))
+        if score > self.engaged_above:
+            self.backoff.engaged()
         if score > self.threshold:
-            self.backoff.invoked()
             return True
         if self.skip_rest_below is not None and score < self.skip_rest_below:
             self._rest_skipped = True

@@ -195,10 +195,15 @@ def round_outcomes(rounds: pa.Table) -> pl.DataFrame:
 
 def _walk(states: pl.DataFrame, depth: int, skip_rest_below: float | None) -> pl.DataFrame:
     """Per round start: the schedule the walk by score > threshold reaches (``schedule``, step 1
-    first) and the decisions it took (``decisions``); see :func:`priced_walk_pct`."""
+    first), the decisions it took (``decisions``) and how far below its threshold the highest
+    decided score lay (``slack``, negative once a decision invoked); see :func:`priced_walk_pct`."""
     lookup = states.select(*START, "step", "prefix", "score", "threshold")
     walk = lookup.filter(pl.col("step") == 1).select(
-        *START, prefix=pl.lit(""), skipping=pl.lit(False), decisions=pl.lit(0, pl.Int64)
+        *START,
+        prefix=pl.lit(""),
+        skipping=pl.lit(False),
+        decisions=pl.lit(0, pl.Int64),
+        slack=pl.lit(float("inf")),
     )
     for k in range(1, depth + 1):
         walk = walk.join(lookup.filter(pl.col("step") == k).drop("step"), on=[*START, "prefix"], how="left")
@@ -215,8 +220,11 @@ def _walk(states: pl.DataFrame, depth: int, skip_rest_below: float | None) -> pl
             prefix=pl.col("prefix") + pl.when(invoke).then(pl.lit("1")).otherwise(pl.lit("0")),
             decisions=pl.col("decisions") + deciding.cast(pl.Int64),
             skipping=pl.col("skipping") | stop,
+            slack=pl.when(deciding)
+            .then(pl.min_horizontal("slack", pl.col("threshold") - pl.col("score")))
+            .otherwise(pl.col("slack")),
         ).drop("score", "threshold")
-    return walk.select(*START, schedule="prefix", decisions="decisions")
+    return walk.select(*START, schedule="prefix", decisions="decisions", slack="slack")
 
 
 def _priced_pct(outcomes: pl.DataFrame, walk: pl.DataFrame, depth: int) -> float:
@@ -257,12 +265,14 @@ def backoff_walk_pct(
     depth: int,
     skip_rest_below: float | None,
     skip_rounds_max: int,
+    skip_rounds_margin: float = 0.0,
 ) -> float:
     """:func:`priced_walk_pct` with the student's cross-round backoff (decoder.policies.RoundBackoff,
-    cap ``skip_rounds_max`` = c) carried from start to start: within each (report_id, prompt_id)
-    the starts are taken in order of start_position; a start inside a skip-run plays 00000 with
-    zero decisions, any other start walks as :func:`priced_walk_pct` does (gate ``skip_rest_below``)
-    and is idle when it reaches 00000. c = 0 is :func:`priced_walk_pct`.
+    cap ``skip_rounds_max`` = c, idle margin ``skip_rounds_margin`` = h) carried from start to
+    start: within each (report_id, prompt_id) the starts are taken in order of start_position; a
+    start inside a skip-run plays 00000 with zero decisions, any other start walks as
+    :func:`priced_walk_pct` does (gate ``skip_rest_below``) and is idle when none of its decided
+    scores exceeded threshold - h (h = 0: it reached 00000). c = 0 is :func:`priced_walk_pct`.
 
     What it approximates: the round table holds every ``collect.round_table_stride``-th round start
     visited by any schedule's trajectory (in position order), not the rounds of the student's own
@@ -276,8 +286,8 @@ def backoff_walk_pct(
     walk = _walk(states, depth, skip_rest_below).sort(START)
     backoff, idle = RoundBackoff(skip_rounds_max), "0" * depth
     schedules, decisions, prompt = [], [], None
-    for report, prompt_id, schedule, n in walk.select(
-        "report_id", "prompt_id", "schedule", "decisions"
+    for report, prompt_id, schedule, n, slack in walk.select(
+        "report_id", "prompt_id", "schedule", "decisions", "slack"
     ).iter_rows():
         if (report, prompt_id) != prompt:
             prompt = (report, prompt_id)
@@ -286,8 +296,8 @@ def backoff_walk_pct(
             schedules.append(idle)
             decisions.append(0)
             continue
-        if "1" in schedule:
-            backoff.invoked()
+        if slack < skip_rounds_margin:
+            backoff.engaged()
         schedules.append(schedule)
         decisions.append(n)
     walk = walk.with_columns(
@@ -299,21 +309,8 @@ def backoff_walk_pct(
 def fixed_schedule_pct(outcomes: pl.DataFrame, depth: int, schedule_id: int) -> float:
     """One fixed schedule in every round, priced without decisions, as % of the round's best fixed
     schedule (the :func:`priced_walk_pct` baseline); mean over starts per report, then reports."""
-    start = ["report_id", "prompt_id", "start_position"]
-    value = (
-        1e3
-        * (pl.col("accepted").cast(pl.Float64) + 1)
-        / (pl.col("round_latency_ms") - depth * pl.col("decision_ms"))
+    schedule = _schedules(depth).filter(pl.col("schedule_id") == schedule_id)["schedule"]
+    walk = outcomes.select(START).unique().with_columns(
+        schedule=pl.lit(schedule.item(), pl.String), decisions=pl.lit(0, pl.Int64)
     )
-    per = (
-        outcomes.with_columns(value=value)
-        .group_by(start)
-        .agg(
-            (
-                100
-                * pl.col("value").filter(pl.col("schedule_id") == schedule_id).first()
-                / pl.col("value").max()
-            ).alias("pct"),
-        )
-    )
-    return float(per.group_by("report_id").agg(pl.col("pct").mean())["pct"].mean())
+    return _priced_pct(outcomes, walk, depth)

@@ -19,11 +19,19 @@ the argmax of the very curve it is scored on, so an in-sample comparison favours
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 
-from collectors.graft_budget import learned_budget, rule_speedup
+from collectors.graft_budget import (
+    learned_budget,
+    priced_totals,
+    round_price,
+    rule_price,
+    rule_speedup,
+    totals_speedup,
+)
 from collectors.graft_costs import GraftCosts
 from collectors.graft_eval import BudgetWalker
 from decoder.block_budget import NODE_FEATURES, node_probs
@@ -56,10 +64,7 @@ def fit_budget_rule(
     weights, bias = fit_logistic(x, y, l2)
     found: dict[int, tuple[float, float, int]] = {}  # cap -> (speedup, rate, iterations)
     for cap in sorted(set(caps)):
-        cost = costs.rule_costs(cap, tdes)
-
-        def price(r, cap=cap) -> float:
-            return costs.rule_round_ms(r.nodes, cap, tdes)
+        cost, price = costs.rule_costs(cap, tdes), functools.partial(rule_price, costs, tdes, cap)
 
         rate, best = start_speedup / costs.ar_token_ms, (0.0, 0.0, 0)
         for i in range(1, iterations + 1):
@@ -104,21 +109,13 @@ def cross_fitted_speedups(
     if len(groups) < 2 or not all(groups):
         raise ValueError(f"cross-fitting needs >= 2 non-empty groups, got {[len(g) for g in groups]}")
 
-    def price(r) -> float:
-        return costs.round_ms(r.nodes, tdes, False)
-
+    price = functools.partial(round_price, costs, tdes, False)
     fixed, ruled = [], []
-    fixed_ms = ruled_ms = 0.0
     for i, group in enumerate(groups):
         train = [w for j, g in enumerate(groups) if j != i for w in g]
         budget, curve = learned_budget(train, price, costs.ar_token_ms, b_max)
         rule, _ = fit_budget_rule(train, budget, curve[budget - 1], costs, tdes, caps, l2)
-        for w in group:
-            rounds = w.fixed(budget)
-            fixed += rounds
-            fixed_ms += sum(price(r) for r in rounds)
-            rounds = w.ruled(rule)
-            ruled += rounds
-            ruled_ms += sum(costs.rule_round_ms(r.nodes, rule.cap, tdes) for r in rounds)
-    ar = costs.ar_token_ms
-    return sum(r.emitted for r in fixed) * ar / fixed_ms, sum(r.emitted for r in ruled) * ar / ruled_ms
+        fixed += [priced_totals(w.fixed(budget), price) for w in group]
+        ruled_price = functools.partial(rule_price, costs, tdes, rule.cap)
+        ruled += [priced_totals(w.ruled(rule), ruled_price) for w in group]
+    return totals_speedup(fixed, costs.ar_token_ms), totals_speedup(ruled, costs.ar_token_ms)

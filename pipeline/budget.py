@@ -51,7 +51,7 @@ from collectors.report import ReportSpec
 from config.params import Params, resolve
 from decoder.policies import AR
 from pipeline.cli import apply_runtime, run_stage
-from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
+from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)
 MODES = ("measured", "fixed")
@@ -349,10 +349,7 @@ def main(params: Params) -> dict:
         log_figure(curve_plot(entries, out / "speedup_by_budget.png"), "speedup_by_budget.png")
         write_json(out / "metrics.json", metrics)
         log_metrics(metrics)
-        import mlflow
-
-        for name in (BUDGETS_FILE, "budgets.md"):
-            mlflow.log_artifact(str(out / name))
+        log_files([out / BUDGETS_FILE, out / "budgets.md"])
     print(table)
     return entries
 

@@ -321,13 +321,18 @@ def choose_skip_rest(
     it takes, a fixed schedule for none). The best wins; ties go to none, then to the larger g
     (the fewer walks it changes). Returns g (None: decide every step) and every candidate's %."""
     states = _oof_walk_states(fit, rs, depth, fold_signals)
-    scores, thresholds = states["score"].to_numpy(), states["threshold"].to_numpy()
-    gap = (thresholds - scores)[scores <= thresholds]
-    gates = sorted({float(g) for g in np.quantile(gap, GATE_QUANTILES)}, reverse=True) if gap.size else []
-    candidates: list[float | None] = [None, *gates]
+    candidates: list[float | None] = [None, *sorted(_gap_quantiles(states), reverse=True)]
     pct = {g: priced_walk_pct(rs.outcomes, states, depth, g) for g in candidates}
     best = max(candidates, key=lambda g: pct[g])  # max keeps the first of equals
     return best, {"none" if g is None else f"{g:.4f}": v for g, v in pct.items()}
+
+
+def _gap_quantiles(states: pl.DataFrame) -> list[float]:
+    """The distinct :data:`GATE_QUANTILES` of how far below its threshold a skipping state's
+    out-of-fold score lies (none when no state skips)."""
+    scores, thresholds = states["score"].to_numpy(), states["threshold"].to_numpy()
+    gap = (thresholds - scores)[scores <= thresholds]
+    return sorted({float(g) for g in np.quantile(gap, GATE_QUANTILES)}) if gap.size else []
 
 
 BACKOFF_CAPS = (0, 1, 3, 7, 15)
@@ -339,17 +344,27 @@ def choose_skip_rounds(
     depth: int,
     fold_signals: list[tuple[str, ...]],
     skip_rest_below: float | None,
-) -> tuple[int, dict[int, float]]:
-    """The exported student's ``skip_rounds_max`` c (cross-round backoff: after k idle deciding
-    rounds in a row, skip the next min(2^k - 1, c) rounds without deciding), chosen after g (the
-    gate ``skip_rest_below`` already chosen, which every candidate keeps). Candidates
-    :data:`BACKOFF_CAPS`, each scored out of fold by the decision-priced walk with the backoff
-    carried from start to start (features.round_states.backoff_walk_pct, which counts skip-runs
-    in round-table starts); the best mean wins, ties to the smaller c. Returns c and every
-    candidate's %."""
+) -> tuple[int, float, dict[str, float]]:
+    """The exported student's cross-round backoff: ``skip_rounds_max`` c (after k idle deciding
+    rounds in a row, skip the next min(2^k - 1, c) rounds without deciding) and ``skip_rounds_margin``
+    h (a round is idle only if none of its decided scores came above threshold - h; h = 0: no mid
+    call), chosen together after g (the gate ``skip_rest_below`` already chosen, which every
+    candidate keeps). Candidates: c in :data:`BACKOFF_CAPS` x h in 0 and the gap quantiles
+    choose_skip_rest draws g from (c = 0 needs no h), each scored out of fold by the
+    decision-priced walk with the backoff carried from start to start
+    (features.round_states.backoff_walk_pct, which counts skip-runs in round-table starts); the
+    best mean wins, ties to the smaller c, then the smaller h. Returns c, h and every candidate's %."""
     states = _oof_walk_states(fit, rs, depth, fold_signals)
-    pct = {c: backoff_walk_pct(rs.outcomes, states, depth, skip_rest_below, c) for c in BACKOFF_CAPS}
-    return max(BACKOFF_CAPS, key=lambda c: pct[c]), pct  # max keeps the first (smallest) of equals
+    margins = [0.0, *(h for h in _gap_quantiles(states) if h > 0)]
+    candidates = [(0, 0.0), *((c, h) for c in BACKOFF_CAPS if c > 0 for h in margins)]
+    pct = {ch: backoff_walk_pct(rs.outcomes, states, depth, skip_rest_below, *ch) for ch in candidates}
+    c, h = max(candidates, key=lambda ch: pct[ch])  # max keeps the first of equals
+    return c, h, {backoff_key(*ch): v for ch, v in pct.items()}
+
+
+def backoff_key(c: int, h: float) -> str:
+    """metrics.json's name of the backoff walk with cap c and idle margin h."""
+    return f"student_skip_rounds_max_{c}" + ("" if c == 0 else f"_margin_{h:.4f}")
 
 
 def _oof_walk_states(
@@ -396,11 +411,13 @@ def main(params: Params) -> dict:
             decisions, _fixed(depth), replay.index, replay.throughput(), sorted(replay.by_report), depth
         )
         oof = st.fits["student_oof"]
-        skip_rest, gate_walks, skip_rounds, backoff_walks = None, {}, 0, {}
+        skip_rest, gate_walks, skip_rounds, idle_margin, backoff_walks = None, {}, 0, 0.0, {}
         if rs is not None:
             fold_signals = read_fold_signals(params, "report")
             skip_rest, gate_walks = choose_skip_rest(oof, rs, depth, fold_signals)
-            skip_rounds, backoff_walks = choose_skip_rounds(oof, rs, depth, fold_signals, skip_rest)
+            skip_rounds, idle_margin, backoff_walks = choose_skip_rounds(
+                oof, rs, depth, fold_signals, skip_rest
+            )
         metrics = {
             "n_params": n_params,
             "n_states": len(z),
@@ -417,10 +434,11 @@ def main(params: Params) -> dict:
             "train_set": _train_set_metrics(st, results, rs, depth, read_fold_signals(params, "report")),
             "skip_rest_below": skip_rest,
             "skip_rounds_max": skip_rounds,
+            "skip_rounds_margin": idle_margin,
             "decision_priced_walk_pct": (
                 {
                     **{f"student_skip_rest_below_{g}": v for g, v in gate_walks.items()},
-                    **{f"student_skip_rounds_max_{c}": v for c, v in backoff_walks.items()},
+                    **backoff_walks,
                     "all_small": fixed_schedule_pct(rs.outcomes, depth, 0),
                 }
                 if rs is not None
@@ -432,6 +450,7 @@ def main(params: Params) -> dict:
             "threshold": st.threshold,
             **({} if skip_rest is None else {"skip_rest_below": skip_rest}),
             **({} if skip_rounds == 0 else {"skip_rounds_max": skip_rounds}),
+            **({} if skip_rounds == 0 or idle_margin == 0 else {"skip_rounds_margin": idle_margin}),
             "margin_source": cfg.margin_source,
             "margin_units": _units(st.loss, cfg.relative),
             "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({st.loss})"
@@ -439,8 +458,8 @@ def main(params: Params) -> dict:
             + (
                 ""
                 if skip_rounds == 0
-                else "; after k idle rounds in a row (no mid call), skip the next "
-                "min(2^k - 1, skip_rounds_max) rounds without deciding"
+                else "; after k idle rounds in a row (no decided margin above threshold - "
+                "skip_rounds_margin), skip the next min(2^k - 1, skip_rounds_max) rounds without deciding"
             ),
             "training_data_sha256": file_sha256(resolve(params.collect.out_dir) / "actions.parquet"),
             "git_revision": git_revision(),
@@ -591,23 +610,44 @@ def _gate_lines(metrics: dict) -> list[str]:
     if not walks:
         return []
     g, c = metrics["skip_rest_below"], metrics.get("skip_rounds_max", 0)
+    h = metrics.get("skip_rounds_margin", 0.0)
     chosen = "decide every step" if g is None else f"skip the rest of a round below threshold - {g:.4g}"
     backoff = (
         "decide every round"
         if c == 0
-        else f"after k idle rounds in a row skip the next min(2^k - 1, {c}) rounds"
+        else f"after k idle rounds in a row (no decided margin above threshold - {h:.4g}) skip the next "
+        f"min(2^k - 1, {c}) rounds"
     )
     lines = [
         "",
         f"Decision-priced round walk (out of fold; the student pays each decision it takes, a fixed "
         f"schedule none; % of the round's best fixed schedule). Exported: **{chosen}**; cross-round "
-        f"backoff (skip_rounds_max, chosen with that gate, skip-runs counted in round-table starts): "
+        f"backoff (skip_rounds_max and skip_rounds_margin, chosen with that gate, skip-runs counted in "
+        f"round-table starts): "
         f"**{backoff}**.",
         "",
         "| rule | % of round best |",
         "|---|---|",
     ]
-    return lines + [f"| {name} | {v:.2f}% |" for name, v in walks.items()]
+    prefix = "student_skip_rounds_max_"
+    lines += [f"| {name} | {v:.2f}% |" for name, v in walks.items() if not name.startswith(prefix)]
+    grid: dict[int, dict[str, float]] = {}
+    for name, v in walks.items():
+        if name.startswith(prefix):
+            cap, _, margin = name.removeprefix(prefix).partition("_margin_")
+            grid.setdefault(int(cap), {})[margin or "0.0000"] = v
+    margins = sorted({m for row in grid.values() for m in row}, key=float)
+    lines += [
+        "",
+        "Cross-round backoff, % of round best: cap c (rows) x idle margin h (columns; c = 0 never skips).",
+        "",
+        "| c | " + " | ".join(f"h = {float(m):.3g}" for m in margins) + " |",
+        "|---|" + "---|" * len(margins),
+    ]
+    return lines + [
+        f"| {c} | " + " | ".join(f"{row[m]:.2f}%" if m in row else "" for m in margins) + " |"
+        for c, row in sorted(grid.items())
+    ]
 
 
 def _write_offline(

@@ -45,7 +45,7 @@ from decoder.measure import Method
 from decoder.policies import AR
 from decoder.scheduler import load_scheduler, load_value_planner
 from pipeline.cli import apply_runtime, run_stage
-from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
+from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +220,7 @@ def main(params: Params) -> dict:
         log_figure(speedup_plot(rows, out / "speedup.png"), "speedup.png")
         log_figure(calls_plot(rows, depth, out / "calls_per_step.png"), "calls_per_step.png")
         log_metrics(metrics)
-        import mlflow
-
-        for name in ("table.md", "wall.md", "ablations.md", "results.json"):
-            mlflow.log_artifact(str(out / name))
+        log_files([out / name for name in ("table.md", "wall.md", "ablations.md", "results.json")])
     print(table)
     print()
     print(wall)

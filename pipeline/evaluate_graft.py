@@ -40,9 +40,9 @@ import json
 import logging
 import time
 
-from collectors.graft_budget import choice_specs, learned_budget, walk_choice_prompt
+from collectors.graft_budget import choice_specs, learned_budget, round_price, rule_price, walk_choice_prompt
 from collectors.graft_costs import GraftCosts, measure_costs
-from collectors.graft_eval import BudgetWalker, Round, decode_ar, decode_arm, lossless_gate
+from collectors.graft_eval import BudgetWalker, decode_ar, decode_arm, lossless_gate
 from collectors.graft_table import ROWS, markdown, markdown_wall, row_stats
 from collectors.latency import load_profile
 from collectors.plan import dataset_file, load_registered_pair, report_questions
@@ -156,9 +156,9 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
             if ar_runs[-1].tokens != tokens:
                 raise RuntimeError(f"{pair_id}/{dataset}: autoregressive decoding emitted another output")
             walker = BudgetWalker(drafter, prompt, tokens, features, b_max, edges.topk, pair.vocab_size)
-            walks.append([[]] + [walker.fixed(bb) for bb in range(1, b_max + 1)])
+            walks.append(walker.every_budget())
             walk_rounds += 1
-            walk_agree += walks[-1][b] == runs["ddtree"][-1].rounds
+            walk_agree += walks[-1].at(b) == runs["ddtree"][-1].rounds
             rule_agree += walker.ruled(rules["plain"]) == runs["rule"][-1].rounds
         rows = {}
         for key, (budget, tdes, rule) in arms.items():
@@ -168,7 +168,9 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
                 price = functools.partial(rule_price, costs, tdes, rule.cap)
             rows[key] = row_stats(budget, [r.rounds for r in runs[key]], price, costs.ar_token_ms)
         plain = functools.partial(round_price, costs, False, False)
-        grid = [row_stats(bb, [w[bb] for w in walks], plain, costs.ar_token_ms) for bb in range(1, b_max + 1)]
+        grid = [
+            row_stats(bb, [w.at(bb) for w in walks], plain, costs.ar_token_ms) for bb in range(1, b_max + 1)
+        ]
         rows["hindsight"] = max(grid, key=lambda r: (r.speedup, -r.budget))
         equal = grid[arms["graft_learned"][0] - 1]  # plain DDTree at TDES's learned B: A at equal budget
         group = "held-out task" if dataset in ev.held_out_datasets else "fitting"
@@ -243,20 +245,12 @@ def wall_speedups(ar_runs: list, runs: dict[str, list]) -> dict[str, float]:
     return {key: ar_s / sum(r.decode_s for r in row) for key, row in runs.items()}
 
 
-def round_price(costs: GraftCosts, tdes: bool, saba: bool, r: Round) -> float:
-    return costs.round_ms(r.nodes, tdes, saba)
-
-
-def rule_price(costs: GraftCosts, tdes: bool, cap: int, r: Round) -> float:
-    return costs.rule_round_ms(r.nodes, cap, tdes)
-
-
 def checks(cells: list[dict], pairs: dict[str, dict]) -> dict:
     """The issue's done-when targets on these cells."""
     n = len(cells)
 
-    def share(pred) -> float:
-        return sum(bool(pred(c["rows"])) for c in cells) / n
+    def share(pred, of=lambda c: c["rows"]) -> float:
+        return sum(bool(pred(of(c))) for c in cells) / n
 
     mean = {k: sum(c["rows"][k]["speedup"] for c in cells) / n for k, _ in ROWS}
     return {
@@ -275,11 +269,13 @@ def checks(cells: list[dict], pairs: dict[str, dict]) -> dict:
         "full_graft_at_least_saba_graft_on_mean": mean["full"] >= mean["graft"],
         "tdes_raises_a": share(lambda r: r["tdes"]["mean_accepted"] > r["ddtree"]["mean_accepted"]),
         "tdes_keeps_or_raises_a": share(lambda r: r["tdes"]["mean_accepted"] >= r["ddtree"]["mean_accepted"]),
-        "tdes_raises_a_at_learned_budget": sum(
-            c["rows"]["graft_learned"]["mean_accepted"] > c["ddtree_at_tdes_learned_budget"]["mean_accepted"]
-            for c in cells
-        )
-        / n,
+        "tdes_raises_a_at_learned_budget": share(
+            lambda c: (
+                c["rows"]["graft_learned"]["mean_accepted"]
+                > c["ddtree_at_tdes_learned_budget"]["mean_accepted"]
+            ),
+            of=lambda c: c,
+        ),
         "mean_speedup": mean,
         "mean_wall_speedup": {k: sum(c["wall"][k] for c in cells) / n for k in cells[0]["wall"]},
         "priced_over_wall": {

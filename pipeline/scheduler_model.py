@@ -37,6 +37,7 @@ METADATA_FIELDS = (
     "threshold",
     "skip_rest_below",
     "skip_rounds_max",
+    "skip_rounds_margin",
     "weights_sha256",
     "manifest_sha256",
     "training_data_sha256",

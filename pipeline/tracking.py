@@ -227,6 +227,14 @@ def log_metrics(metrics: Mapping[str, Any]) -> None:
     mlflow.log_metrics({k: v for k, v in flat.items() if math.isfinite(v)})
 
 
+def log_files(paths: Sequence[Path]) -> None:
+    """Log files (tables, JSON) as artifacts of the active run."""
+    import mlflow
+
+    for path in paths:
+        mlflow.log_artifact(str(path))
+
+
 def log_figure(fig: Any, name: str) -> None:
     """Log a matplotlib figure as a run artifact (plots/<name>) and close it."""
     import matplotlib.pyplot as plt

@@ -243,21 +243,31 @@ def test_distill_exports_the_gate_whose_decision_priced_walk_is_best(run_all):
 
 
 def test_distill_exports_the_backoff_whose_walk_is_best(run_all):
-    """skip_rounds_max: every candidate walked (after the chosen gate), the best exported, ties to
-    the smaller cap; c = 0 is the gate's own walk; the manifest and the decoder carry it."""
+    """skip_rounds_max c and skip_rounds_margin h: every candidate walked (after the chosen gate),
+    the best exported, ties to the smaller cap; c = 0 is the gate's own walk; the manifest and the
+    decoder carry both."""
     params, res = run_all
     metrics = res["distill"]
     walks = metrics["decision_priced_walk_pct"]
     prefix = "student_skip_rounds_max_"
-    caps = {int(k.removeprefix(prefix)): v for k, v in walks.items() if k.startswith(prefix)}
-    assert sorted(caps) == [0, 1, 3, 7, 15]
-    c = metrics["skip_rounds_max"]
-    assert caps[c] == max(caps.values()) and all(caps[d] < caps[c] for d in caps if d < c)
+    found = {}
+    for k, v in walks.items():
+        if k.startswith(prefix):
+            cap, _, margin = k.removeprefix(prefix).partition("_margin_")
+            found[(int(cap), float(margin or 0))] = v
+    assert sorted({c for c, _ in found}) == [0, 1, 3, 7, 15]
+    assert all((c, 0.0) in found for c in (0, 1, 3, 7, 15))  # h = 0 (idle = no mid call) is a candidate
+    c, h = metrics["skip_rounds_max"], metrics["skip_rounds_margin"]
+    best = found[(c, round(h, 4))]
+    assert best == max(found.values()) and all(v < best for (d, _), v in found.items() if d < c)
+    caps = {d: v for (d, m), v in found.items() if m == 0}
     gate = metrics["skip_rest_below"]
     assert caps[0] == pytest.approx(
         walks[f"student_skip_rest_below_{'none' if gate is None else f'{gate:.4f}'}"]
     )
     manifest = json.loads((Path(params.distill.out_dir) / "student.json").read_text())
     assert manifest.get("skip_rounds_max", 0) == c
+    assert manifest.get("skip_rounds_margin", 0.0) == (h if c else 0.0)
     exported = load_scheduler(Path(params.export.out_dir) / "scheduler.json")
     assert exported.manifest.get("skip_rounds_max", 0) == c
+    assert exported.engaged_above == pytest.approx(exported.threshold - (h if c else 0.0))

@@ -1,7 +1,8 @@
 """The student's cross-round backoff (manifest ``skip_rounds_max`` = c): rounds skipped whole.
 
-After k idle rounds in a row in which it decided (no mid call), the student skips the next
-min(2^k - 1, c) rounds without deciding; an invoking round resets k, a new generation resets
+After k idle rounds in a row in which it decided (no decided score above threshold - h, h the
+manifest's ``skip_rounds_margin``, 0 by default: no mid call), the student skips the next
+min(2^k - 1, c) rounds without deciding; an engaged round resets k, a new generation resets
 everything. Checked here: the scheduler's rounds against sequences written out by hand, the
 decoder against the policy replay round by round, the offline walk that chooses c against a walk
 priced by hand, and the manifest field's refusals.
@@ -33,6 +34,7 @@ from decoder.scheduler import LearnedScheduler, load_scheduler
 from features.round_states import backoff_walk_pct, priced_walk_pct
 
 LOW, HIGH = -5.0, 5.0  # scores far below / above the threshold 0.5
+NEAR = 0.2  # below the threshold 0.5, but within a margin of 1
 
 
 def _scheduler(tmp_path, **extra) -> tuple[LearnedScheduler, list[float], list[int]]:
@@ -70,6 +72,18 @@ def test_backoff_skips_1_then_3_rounds_and_an_invoking_round_resets(tmp_path) ->
     #        idle skip idle skip x3    idle skip x3   idle skip x3   invoke idle skip idle
     assert got == [1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 5, 1, 0, 1, 0, 0, 0, 1]
     assert asked[0] == sum(got)  # a skipped step computes no features
+
+
+def test_a_round_within_the_idle_margin_is_not_idle(tmp_path) -> None:
+    scores = [LOW, LOW, NEAR, NEAR, LOW, LOW, LOW, *[LOW] * 3, NEAR]
+    sched, score, _ = _scheduler(tmp_path, skip_rest_below=0.0, skip_rounds_max=3, skip_rounds_margin=1.0)
+    #                      idle skip near near idle skip idle skip x3  near: a NEAR round resets k
+    assert _rounds(sched, score, scores) == [1, 0, 1, 1, 1, 0, 1, 0, 0, 0, 1]
+    sched, score, _ = _scheduler(tmp_path, skip_rest_below=0.0, skip_rounds_max=3)  # h = 0: NEAR is idle
+    assert _rounds(sched, score, scores) == [1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1]
+    for i, bad in enumerate((-0.5, float("nan"), "1")):
+        with pytest.raises(ManifestError, match="skip_rounds_margin"):
+            student_artifact(tmp_path / f"bad{i}", skip_rounds_margin=bad)
 
 
 def test_a_new_generation_starts_the_backoff_afresh(tmp_path) -> None:
@@ -150,9 +164,16 @@ def test_decoding_and_replay_skip_the_same_rounds(tmp_path) -> None:
     assert invoking, "no round invoked: the reset by an invoking round is not exercised"
 
 
-def _prompt_tables(rng: random.Random, n_starts: int, invoke_at: set[int], depth: int = 3):
+def _prompt_tables(
+    rng: random.Random,
+    n_starts: int,
+    invoke_at: set[int],
+    depth: int = 3,
+    near_at: frozenset[int] = frozenset(),
+):
     """One report, two prompts of ``n_starts`` starts each; every score is far below the threshold
-    except at the starts ``invoke_at`` (indices within each prompt), where every step invokes."""
+    except at the starts ``invoke_at`` (indices within each prompt), where every step invokes, and
+    ``near_at``, where every score is NEAR (below the threshold, within 1 of it)."""
     out, st = [], []
     for prompt in (0, 1):
         for i in range(n_starts):
@@ -162,7 +183,8 @@ def _prompt_tables(rng: random.Random, n_starts: int, invoke_at: set[int], depth
             for k in range(1, depth + 1):
                 for p in range(2 ** (k - 1)):
                     prefix = format(p, f"0{k - 1}b") if k > 1 else ""
-                    st.append(("r", prompt, start, k, prefix, HIGH if i in invoke_at else LOW, 0.5))
+                    score = HIGH if i in invoke_at else NEAR if i in near_at else LOW
+                    st.append(("r", prompt, start, k, prefix, score, 0.5))
     outcomes = pl.DataFrame(
         out, orient="row",
         schema=["report_id", "prompt_id", "start_position", "schedule_id", "accepted", "round_latency_ms",
@@ -214,3 +236,15 @@ def test_backoff_walk_skips_starts_in_order_and_per_prompt() -> None:
     assert backoff_walk_pct(out, st, 3, None, 1) == pytest.approx(_priced_by_hand(out, plays))
     plays = [(0, 1), (7, 3), (0, 1), (0, 1), (7, 3), (0, 1)]  # c = 0 with the gate at 0: stop at 1
     assert backoff_walk_pct(out, st, 3, 0.0, 0) == pytest.approx(_priced_by_hand(out, plays))
+
+
+def test_backoff_walk_counts_a_start_within_the_margin_as_engaged() -> None:
+    out, st = _prompt_tables(random.Random(9), 6, invoke_at=set(), near_at=frozenset({2, 3}))
+    # c = 1, h = 1: the NEAR starts 2 and 3 reach 000 but are not idle, so start 3 is not skipped
+    plays = [(0, 3), (0, 0), (0, 3), (0, 3), (0, 3), (0, 0)]
+    assert backoff_walk_pct(out, st, 3, None, 1, 1.0) == pytest.approx(_priced_by_hand(out, plays))
+    plays = [(0, 3), (0, 0), (0, 3), (0, 0), (0, 3), (0, 0)]  # h = 0: start 2 is idle, 3 skipped
+    assert backoff_walk_pct(out, st, 3, None, 1) == pytest.approx(_priced_by_hand(out, plays))
+    # a margin below NEAR's gap (0.3) leaves it idle; one just above it does not
+    assert backoff_walk_pct(out, st, 3, None, 1, 0.29) == pytest.approx(_priced_by_hand(out, plays))
+    assert backoff_walk_pct(out, st, 3, None, 1, 0.31) != pytest.approx(_priced_by_hand(out, plays))
