@@ -132,7 +132,6 @@ def measure_costs(
     rule = BlockBudgetRule(
         (1.0,) * len(NODE_FEATURES), 0.0, tuple(profile.verify_ms(b + 1) for b in range(b_max + 1)), 0.1
     )
-    first = float(logps[0, 0])
 
     def tdes_build(n: int) -> object:
         return build_ddtree(root, ids, logps, n, pair.vocab_size, scorer.for_round(root, ids, logps))
@@ -140,7 +139,7 @@ def measure_costs(
     jobs: dict[tuple, Job] = {
         ("drafter",): Job(lambda: None, lambda _: proposer.propose(feats, context, topk)),
         ("saba",): Job(lambda: None, lambda _: saba_budget(line[0], line[1] + 1.0, b_max), units=1),
-        ("rule",): Job(lambda: None, lambda _: rule_budget(big, first, 2, marg.k, rule), units=1),
+        ("rule",): Job(lambda: None, lambda _: rule_budget(big, marg.first_logp, 2, marg.k, rule), units=1),
     }
     for n in sorted(set(sizes)):
         jobs[("build", n)] = Job(

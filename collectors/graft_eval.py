@@ -188,8 +188,7 @@ class BudgetWalker:
             sweep = budget_sweep(tree, path, self.b_max)
             on_path = np.zeros(min(self.b_max, len(tree) - 1), dtype=bool)
             on_path[[v - 1 for v in path if v <= len(on_path)]] = True
-            first = float(marg.logps[0, 0]) if marg.k else 0.0
-            self._sweeps[n] = StartSweep(tree, first, marg.k, sweep.accepted, sweep.kept,
+            self._sweeps[n] = StartSweep(tree, marg.first_logp, marg.k, sweep.accepted, sweep.kept,
                                          target_counts(tree, greedy, path, self.b_max), on_path)  # fmt: skip
         return self._sweeps[n]
 

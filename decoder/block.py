@@ -35,6 +35,12 @@ class Marginals:
     def k(self) -> int:
         return int(self.ids.shape[0])
 
+    @property
+    def first_logp(self) -> float:
+        """The best candidate's log-prob at position 1 (0.0 for an empty block): the confidence
+        the budget rules read."""
+        return float(self.logps[0, 0]) if self.k else 0.0
+
 
 class BlockProposer(Protocol):
     """A drafter of K positions per call (a block drafter, or any stand-in with the same contract)."""

@@ -42,8 +42,7 @@ def round_tree(
     tree = build_ddtree(root, marginals.ids, marginals.logps, block.build_budget, vocab_size, edges)
     if block.rule is None:
         return tree
-    first = float(marginals.logps[0, 0]) if marginals.k else 0.0
-    return first_nodes(tree, rule_budget(tree, first, prev_accepted, marginals.k, block.rule))
+    return first_nodes(tree, rule_budget(tree, marginals.first_logp, prev_accepted, marginals.k, block.rule))
 
 
 def ddtree_generate(

@@ -63,9 +63,9 @@ def fit_budget_rule(
     y = np.concatenate([r[1] for r in rows])
     weights, bias = fit_logistic(x, y, l2)
     found: dict[int, tuple[float, float, int]] = {}  # cap -> (speedup, rate, iterations)
-    for cap in sorted(set(caps)):
-        cost, price = costs.rule_costs(cap, tdes), functools.partial(rule_price, costs, tdes, cap)
-
+    cost_of = {cap: costs.rule_costs(cap, tdes) for cap in sorted(set(caps))}
+    for cap, cost in cost_of.items():
+        price = functools.partial(rule_price, costs, tdes, cap)
         rate, best = start_speedup / costs.ar_token_ms, (0.0, 0.0, 0)
         for i in range(1, iterations + 1):
             rule = BlockBudgetRule(tuple(weights), bias, cost, rate)
@@ -93,7 +93,7 @@ def fit_budget_rule(
         "collect_speedup": speedup,
         "collect_speedup_by_cap": {str(c): v[0] for c, v in found.items()},
     }
-    return BlockBudgetRule(tuple(weights), bias, costs.rule_costs(cap, tdes), rate), summary
+    return BlockBudgetRule(tuple(weights), bias, cost_of[cap], rate), summary
 
 
 def cross_fitted_speedups(

@@ -302,25 +302,25 @@ def _oof_round_scores(
 
 def _round_walk(fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]) -> float:
     """The out-of-fold fit's outer models on each round-table start of their held-out fold: walk
-    the round's states from the empty prefix (decision: score > that fold's threshold) and take the
-    reached schedule's round value / the round's best; mean over starts per report, then reports."""
+    the round's states from the empty prefix (decision: score > that fold's threshold); per report,
+    the round oracle's ms per token summed over its starts / the reached schedules', mean over
+    reports (features.round_states.round_walk_pct)."""
     scores, thresholds = _oof_round_scores(fit, rs, depth, fold_signals)
-    return round_walk_pct(rs.frame.with_columns(pl.Series("is_invoke", scores > thresholds)), depth)
+    invoke = pl.Series("is_invoke", scores > thresholds)
+    return round_walk_pct(rs.frame.with_columns(invoke), rs.outcomes, depth)
 
 
 GATE_QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)
 
 
-def choose_skip_rest(
-    fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
-) -> tuple[float | None, dict[str, float]]:
+def choose_skip_rest(states: pl.DataFrame, rs: RoundSet, depth: int) -> tuple[float | None, dict[str, float]]:
     """The exported student's ``skip_rest_below`` g: a score below threshold - g skips the rest of
     the round without deciding. Candidates: none, and quantiles of how far below its threshold a
     skipping state's out-of-fold score lies; each scored by the decision-priced walk over the
     round-table starts (features.round_states.priced_walk_pct: the student pays for the decisions
     it takes, a fixed schedule for none). The best wins; ties go to none, then to the larger g
-    (the fewer walks it changes). Returns g (None: decide every step) and every candidate's %."""
-    states = _oof_walk_states(fit, rs, depth, fold_signals)
+    (the fewer walks it changes). ``states``: :func:`oof_walk_states` of the exported student.
+    Returns g (None: decide every step) and every candidate's %."""
     candidates: list[float | None] = [None, *sorted(_gap_quantiles(states), reverse=True)]
     pct = {g: priced_walk_pct(rs.outcomes, states, depth, g) for g in candidates}
     best = max(candidates, key=lambda g: pct[g])  # max keeps the first of equals
@@ -339,11 +339,7 @@ BACKOFF_CAPS = (0, 1, 3, 7, 15)
 
 
 def choose_skip_rounds(
-    fit: CrossFit,
-    rs: RoundSet,
-    depth: int,
-    fold_signals: list[tuple[str, ...]],
-    skip_rest_below: float | None,
+    states: pl.DataFrame, rs: RoundSet, depth: int, skip_rest_below: float | None
 ) -> tuple[int, float, dict[str, float]]:
     """The exported student's cross-round backoff: ``skip_rounds_max`` c (after k idle deciding
     rounds in a row, skip the next min(2^k - 1, c) rounds without deciding) and ``skip_rounds_margin``
@@ -353,8 +349,8 @@ def choose_skip_rounds(
     choose_skip_rest draws g from (c = 0 needs no h), each scored out of fold by the
     decision-priced walk with the backoff carried from start to start
     (features.round_states.backoff_walk_pct, which counts skip-runs in round-table starts); the
-    best mean wins, ties to the smaller c, then the smaller h. Returns c, h and every candidate's %."""
-    states = _oof_walk_states(fit, rs, depth, fold_signals)
+    best mean wins, ties to the smaller c, then the smaller h. ``states``: as for choose_skip_rest.
+    Returns c, h and every candidate's %."""
     margins = [0.0, *(h for h in _gap_quantiles(states) if h > 0)]
     candidates = [(0, 0.0), *((c, h) for c in BACKOFF_CAPS if c > 0 for h in margins)]
     pct = {ch: backoff_walk_pct(rs.outcomes, states, depth, skip_rest_below, *ch) for ch in candidates}
@@ -362,12 +358,23 @@ def choose_skip_rounds(
     return c, h, {backoff_key(*ch): v for ch, v in pct.items()}
 
 
+BACKOFF_KEY = "student_skip_rounds_max_"
+
+
 def backoff_key(c: int, h: float) -> str:
     """metrics.json's name of the backoff walk with cap c and idle margin h."""
-    return f"student_skip_rounds_max_{c}" + ("" if c == 0 else f"_margin_{h:.4f}")
+    return f"{BACKOFF_KEY}{c}" + ("" if c == 0 else f"_margin_{h:.4f}")
 
 
-def _oof_walk_states(
+def parse_backoff_key(name: str) -> tuple[int, float] | None:
+    """(c, h) of a :func:`backoff_key` name (h to its 4 decimals); None for any other walk's name."""
+    if not name.startswith(BACKOFF_KEY):
+        return None
+    cap, _, margin = name.removeprefix(BACKOFF_KEY).partition("_margin_")
+    return int(cap), float(margin or 0.0)
+
+
+def oof_walk_states(
     fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
 ) -> pl.DataFrame:
     """The round states' keys with each state's out-of-fold score and its fold's threshold."""
@@ -414,10 +421,9 @@ def main(params: Params) -> dict:
         skip_rest, gate_walks, skip_rounds, idle_margin, backoff_walks = None, {}, 0, 0.0, {}
         if rs is not None:
             fold_signals = read_fold_signals(params, "report")
-            skip_rest, gate_walks = choose_skip_rest(oof, rs, depth, fold_signals)
-            skip_rounds, idle_margin, backoff_walks = choose_skip_rounds(
-                oof, rs, depth, fold_signals, skip_rest
-            )
+            walk_states = oof_walk_states(oof, rs, depth, fold_signals)
+            skip_rest, gate_walks = choose_skip_rest(walk_states, rs, depth)
+            skip_rounds, idle_margin, backoff_walks = choose_skip_rounds(walk_states, rs, depth, skip_rest)
         metrics = {
             "n_params": n_params,
             "n_states": len(z),
@@ -503,7 +509,7 @@ def _train_set_metrics(
         walks = {n: _round_walk(f, rs, depth, fold_signals) for n, f in st.by_set.items()}
         walks["mse"] = _round_walk(st.fits["student_mse_oof"], rs, depth, fold_signals)
         always = rs.frame.with_columns(pl.lit(False).alias("is_invoke"))
-        walks["all_small"] = round_walk_pct(always, depth)
+        walks["all_small"] = round_walk_pct(always, rs.outcomes, depth)
     by = "rounds" if rs is not None else "canonical"
     merit = {n: walks[n] for n in st.by_set} if by == "rounds" else pct
     ranked = sorted(merit.values(), reverse=True)
@@ -518,7 +524,7 @@ def _train_set_metrics(
         "n_round_states": 0 if rs is None else rs.frame.height,
     }
     if walks:
-        out["round_walk_pct_of_round_best"] = walks
+        out["round_walk_pct_of_oracle"] = walks
     return out
 
 
@@ -589,11 +595,11 @@ def _train_set_lines(ts: dict) -> list[str]:
             else "):"
         ),
         "",
-        "| training states | % of best (walked, canonical states) | % of round best (walked, round starts) "
-        "| invoke share | fold thresholds |",
+        "| training states | % of best (walked, canonical states) "
+        "| % of the round oracle (walked, round starts) | invoke share | fold thresholds |",
         "|---|---|---|---|---|",
     ]
-    walks = ts.get("round_walk_pct_of_round_best", {})
+    walks = ts.get("round_walk_pct_of_oracle", {})
     for n, pct in ts["oof_pct_of_best"].items():
         walk = f"{walks[n]:.1f}%" if n in walks else ""
         thr = ", ".join(f"{t:.2f}" for t in ts["fold_thresholds"][n])
@@ -621,27 +627,27 @@ def _gate_lines(metrics: dict) -> list[str]:
     lines = [
         "",
         f"Decision-priced round walk (out of fold; the student pays each decision it takes, a fixed "
-        f"schedule none; % of the round's best fixed schedule). Exported: **{chosen}**; cross-round "
+        f"schedule none; the round oracle's ms per token over the starts / the walk's). "
+        f"Exported: **{chosen}**; cross-round "
         f"backoff (skip_rounds_max and skip_rounds_margin, chosen with that gate, skip-runs counted in "
         f"round-table starts): "
         f"**{backoff}**.",
         "",
-        "| rule | % of round best |",
+        "| rule | % of the round oracle |",
         "|---|---|",
     ]
-    prefix = "student_skip_rounds_max_"
-    lines += [f"| {name} | {v:.2f}% |" for name, v in walks.items() if not name.startswith(prefix)]
-    grid: dict[int, dict[str, float]] = {}
+    lines += [f"| {name} | {v:.2f}% |" for name, v in walks.items() if parse_backoff_key(name) is None]
+    grid: dict[int, dict[float, float]] = {}
     for name, v in walks.items():
-        if name.startswith(prefix):
-            cap, _, margin = name.removeprefix(prefix).partition("_margin_")
-            grid.setdefault(int(cap), {})[margin or "0.0000"] = v
-    margins = sorted({m for row in grid.values() for m in row}, key=float)
+        if (ch := parse_backoff_key(name)) is not None:
+            grid.setdefault(ch[0], {})[ch[1]] = v
+    margins = sorted({m for row in grid.values() for m in row})
     lines += [
         "",
-        "Cross-round backoff, % of round best: cap c (rows) x idle margin h (columns; c = 0 never skips).",
+        "Cross-round backoff, % of the round oracle: cap c (rows) x idle margin h (columns; c = 0 never "
+        "skips).",
         "",
-        "| c | " + " | ".join(f"h = {float(m):.3g}" for m in margins) + " |",
+        "| c | " + " | ".join(f"h = {m:.3g}" for m in margins) + " |",
         "|---|" + "---|" * len(margins),
     ]
     return lines + [

@@ -219,13 +219,13 @@ def choose_budgets(
     out, rules = {}, {}
     for name, tdes in (("plain", False), ("tdes", True)):
         price = functools.partial(round_price, costs, tdes, False)
-        got = [w.tdes if tdes else w.plain for w in walks]
+        split = [[w.tdes if tdes else w.plain for w in g] for g in groups]
+        got = [w for g in split for w in g]
         budget, curve = learned_budget(got, price, costs.ar_token_ms, cfg.budget_max)
         rules[name], rule_summary = fit_budget_rule(got, budget, curve[budget - 1], costs, tdes,
                                                     cfg.rule_caps, cfg.rule_l2)  # fmt: skip
         oof = (curve[budget - 1], rule_summary["collect_speedup"])
         if len(groups) >= 2:  # out of fold by dataset: the fair comparison of the two
-            split = [[w.tdes if tdes else w.plain for w in g] for g in groups]
             oof = cross_fitted_speedups(split, costs, tdes, cfg.rule_caps, cfg.rule_l2, cfg.budget_max)
         out[name] = {"budget": budget, "collect_speedup": curve[budget - 1],
                      "collect_speedup_at_fixed_budget": curve[edges.budget - 1], "rule": rule_summary,
@@ -249,32 +249,32 @@ def checks(cells: list[dict], pairs: dict[str, dict]) -> dict:
     """The issue's done-when targets on these cells."""
     n = len(cells)
 
-    def share(pred, of=lambda c: c["rows"]) -> float:
-        return sum(bool(pred(of(c))) for c in cells) / n
+    def share(pred) -> float:  # of the cells
+        return sum(bool(pred(c)) for c in cells) / n
+
+    def at_least(a: str, b: str, key: str = "speedup") -> float:  # share of cells where row a >= row b
+        return share(lambda c: c["rows"][a][key] >= c["rows"][b][key])
 
     mean = {k: sum(c["rows"][k]["speedup"] for c in cells) / n for k, _ in ROWS}
     return {
         "n_cells": n,
-        "graft_at_least_hindsight": share(lambda r: r["graft"]["speedup"] >= r["hindsight"]["speedup"]),
-        "full_graft_at_least_hindsight": share(lambda r: r["full"]["speedup"] >= r["hindsight"]["speedup"]),
-        "graft_learned_fixed_at_least_hindsight": share(
-            lambda r: r["graft_learned"]["speedup"] >= r["hindsight"]["speedup"]
-        ),
-        "graft_rule_at_least_hindsight": share(
-            lambda r: r["graft_rule"]["speedup"] >= r["hindsight"]["speedup"]
-        ),
-        "rule_at_least_learned_fixed": share(lambda r: r["rule"]["speedup"] >= r["learned"]["speedup"]),
+        "graft_at_least_hindsight": at_least("graft", "hindsight"),
+        "full_graft_at_least_hindsight": at_least("full", "hindsight"),
+        "graft_learned_fixed_at_least_hindsight": at_least("graft_learned", "hindsight"),
+        "graft_rule_at_least_hindsight": at_least("graft_rule", "hindsight"),
+        "rule_at_least_learned_fixed": at_least("rule", "learned"),
         "learned_at_least_saba_on_mean": mean["learned"] >= mean["saba"],
         "rule_at_least_saba_on_mean": mean["rule"] >= mean["saba"],
         "full_graft_at_least_saba_graft_on_mean": mean["full"] >= mean["graft"],
-        "tdes_raises_a": share(lambda r: r["tdes"]["mean_accepted"] > r["ddtree"]["mean_accepted"]),
-        "tdes_keeps_or_raises_a": share(lambda r: r["tdes"]["mean_accepted"] >= r["ddtree"]["mean_accepted"]),
+        "tdes_raises_a": share(
+            lambda c: c["rows"]["tdes"]["mean_accepted"] > c["rows"]["ddtree"]["mean_accepted"]
+        ),
+        "tdes_keeps_or_raises_a": at_least("tdes", "ddtree", "mean_accepted"),
         "tdes_raises_a_at_learned_budget": share(
             lambda c: (
                 c["rows"]["graft_learned"]["mean_accepted"]
                 > c["ddtree_at_tdes_learned_budget"]["mean_accepted"]
-            ),
-            of=lambda c: c,
+            )
         ),
         "mean_speedup": mean,
         "mean_wall_speedup": {k: sum(c["wall"][k] for c in cells) / n for k in cells[0]["wall"]},

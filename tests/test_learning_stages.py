@@ -29,6 +29,7 @@ from features.datasets import state_matrix
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
 from pipeline.cli import stage_params
+from pipeline.distill import parse_backoff_key
 
 STAGES = ("canonicalize", "select_signals", "fit_value", "margins", "distill", "export")
 PLANTED = "tree_size"  # carries the reports' hidden mid-drafter quality (tests/synthetic_collect.py)
@@ -201,7 +202,7 @@ def test_distill_exports_the_training_states_that_won_out_of_fold(run_all):
     pct = ts["oof_pct_of_best"]
     assert sorted(pct) == ["both", "canonical", "rounds"]
     assert ts["selected_by"] == "rounds"  # with round states loaded, the walk over round starts decides
-    walks = ts["round_walk_pct_of_round_best"]
+    walks = ts["round_walk_pct_of_oracle"]
     merit = {n: walks[n] for n in pct}
     assert ts["winner"] == max(merit, key=merit.get)
     assert ts["n_round_states"] == N_REPORTS * 2 * 3 * 31  # synthetic: 2 prompts x 3 starts per report
@@ -221,7 +222,7 @@ def test_distill_exports_the_training_states_that_won_out_of_fold(run_all):
         assert manifest["threshold"] == 0.0 and "(mse)" in manifest["decision"]
     else:
         assert manifest["threshold"] == pytest.approx(float(np.median(ts["fold_thresholds"][ts["winner"]])))
-    assert all(0 < v <= 100 for v in ts["round_walk_pct_of_round_best"].values())
+    assert all(0 < v <= 100 for v in ts["round_walk_pct_of_oracle"].values())
     table = (Path(params.distill.out_dir) / "offline.md").read_text()
     assert f"exported: **{ts['winner']}**" in table and "| rounds |" in table
 
@@ -249,12 +250,7 @@ def test_distill_exports_the_backoff_whose_walk_is_best(run_all):
     params, res = run_all
     metrics = res["distill"]
     walks = metrics["decision_priced_walk_pct"]
-    prefix = "student_skip_rounds_max_"
-    found = {}
-    for k, v in walks.items():
-        if k.startswith(prefix):
-            cap, _, margin = k.removeprefix(prefix).partition("_margin_")
-            found[(int(cap), float(margin or 0))] = v
+    found = {ch: v for k, v in walks.items() if (ch := parse_backoff_key(k)) is not None}
     assert sorted({c for c, _ in found}) == [0, 1, 3, 7, 15]
     assert all((c, 0.0) in found for c in (0, 1, 3, 7, 15))  # h = 0 (idle = no mid call) is a candidate
     c, h = metrics["skip_rounds_max"], metrics["skip_rounds_margin"]

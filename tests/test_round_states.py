@@ -12,13 +12,15 @@ import pytest
 from decoder.policies import schedule_bits
 from decoder.state import SIGNAL_NAMES
 from features.collect_schemas import rounds_spec
-from features.round_states import report_context, round_states, round_walk_pct
+from features.round_states import report_context, round_outcomes, round_states, round_walk_pct
 from features.tables import to_table
 
 D = 2
 # accepted tokens and priced ms per schedule (step 1 first): values 1000 * (A + 1) / ms
 OUTCOME = {"00": (2, 30.0), "01": (3, 50.0), "10": (4, 40.0), "11": (4, 60.0)}
 VALUE = {s: 1e3 * (a + 1) / ms for s, (a, ms) in OUTCOME.items()}  # 100, 80, 125, 83.3
+# a hard stretch of text: the n-gram drafter alone gets 1 token per round, the best schedule 4
+HARD = {"00": (0, 30.0), "01": (1, 50.0), "10": (3, 40.0), "11": (4, 60.0)}
 
 
 def _bits(sid: int) -> str:
@@ -32,14 +34,14 @@ def _signals(prefix: str, start: int) -> list[float]:
     ]
 
 
-def _rounds(drop: int | None = None):
+def _rounds(drop: int | None = None, at_24: dict = OUTCOME):
     rows = []
     for start in (20, 24):
         for sid in range(2**D):
             if sid == drop and start == 24:
                 continue
             bits = _bits(sid)
-            a, ms = OUTCOME[bits]
+            a, ms = (OUTCOME if start == 20 else at_24)[bits]
             rows.append(
                 {
                     "report_id": "r",
@@ -56,7 +58,7 @@ def _rounds(drop: int | None = None):
                     "n_small_steps": bits.count("0"),
                     "round_latency_ms": ms,
                     "decision_ms": 0.01,
-                    "throughput_tok_per_s": VALUE[bits],
+                    "throughput_tok_per_s": 1e3 * (a + 1) / ms,
                     "is_round_best": bits == "10",
                     "signals": [x for k in range(1, D + 1) for x in _signals(bits[: k - 1], start)],
                 }
@@ -103,10 +105,24 @@ def test_one_state_per_start_step_and_prefix_with_the_rounds_own_values():
 
 def test_round_walk_reaches_the_schedule_its_decisions_spell():
     states = round_states(_rounds(), CONTEXT, D)
+    outcomes = round_outcomes(_rounds())
     skip = states.with_columns(is_invoke=pl.lit(False))
-    assert round_walk_pct(skip, D) == pytest.approx(100 * VALUE["00"] / VALUE["10"])
+    assert round_walk_pct(skip, outcomes, D) == pytest.approx(100 * VALUE["00"] / VALUE["10"])
     right = states.with_columns(is_invoke=pl.col("margin_tok_per_s") > 0)
-    assert round_walk_pct(right, D) == pytest.approx(100.0)  # the greedy walk on true margins
+    assert round_walk_pct(right, outcomes, D) == pytest.approx(100.0)  # the greedy walk on true margins
+
+
+def test_a_hard_start_weighs_by_the_time_per_token_it_costs():
+    """A decoder spends ms / tokens per token of text at a start: the hard start (1 token per
+    All-Small round) costs 30 ms per token, the easy one 10, so it weighs 3x in the walk. A mean of
+    per-start ratios (80% and 33%) or summed tokens and ms would give other numbers."""
+    rounds = _rounds(at_24=HARD)
+    skip = round_states(rounds, CONTEXT, D).with_columns(is_invoke=pl.lit(False))
+    per_token = {s: ms / (a + 1) for s, (a, ms) in HARD.items()}  # 30, 25, 10, 12
+    oracle = 40 / 5 + min(per_token.values())  # 8 ms per token at start 20 ("10"), 10 at 24
+    pct = round_walk_pct(skip, round_outcomes(rounds), D)
+    assert pct == pytest.approx(100 * oracle / (30 / 3 + per_token["00"]))  # 45%
+    assert pct != pytest.approx(100 * (VALUE["00"] / VALUE["10"] + 10 / 30) / 2)
 
 
 def test_bad_round_tables_are_refused():

@@ -198,19 +198,20 @@ def _prompt_tables(
 
 
 def _priced_by_hand(outcomes: pl.DataFrame, plays: list[tuple[int, int]], depth: int = 3) -> float:
-    """Mean % of best over the starts (one report), start i of each prompt playing plays[i] =
-    (schedule id, decisions)."""
-    pct = []
+    """One report's round oracle's ms per token summed over the starts / the walk's, in %; start i
+    of each prompt playing plays[i] = (schedule id, decisions)."""
+    oracle = walked = 0.0
     for prompt in (0, 1):
         rows = outcomes.filter(pl.col("prompt_id") == prompt).sort("start_position", "schedule_id")
         for i, (sid, n) in enumerate(plays):
             r = rows.slice(i * 2**depth, 2**depth).to_dicts()
 
-            def value(o: dict, n: int) -> float:
-                return (o["accepted"] + 1) / (o["round_latency_ms"] - (depth - n) * o["decision_ms"])
+            def ms_per_token(o: dict, n: int) -> float:
+                return (o["round_latency_ms"] - (depth - n) * o["decision_ms"]) / (o["accepted"] + 1)
 
-            pct.append(100 * value(r[sid], n) / max(value(o, 0) for o in r))
-    return float(np.mean(pct))
+            oracle += min(ms_per_token(o, 0) for o in r)
+            walked += ms_per_token(r[sid], n)
+    return 100 * oracle / walked
 
 
 def test_backoff_walk_with_cap_0_is_the_priced_walk() -> None:
