@@ -228,11 +228,18 @@ def _walk(states: pl.DataFrame, depth: int, skip_rest_below: float | None) -> pl
 
 
 def _pct_of_oracle(outcomes: pl.DataFrame, walk: pl.DataFrame, depth: int, decided: bool = False) -> float:
-    """Per report, the round oracle's ms per token (each start's best fixed schedule) summed over
-    its starts / that of the schedules ``walk`` reaches, in %; mean over reports (see the module
-    docstring). Prices: ``decided`` False: the oracle's schedules as fixed ones, with no
-    decisions, and each reached one with the walk's own ``decisions``; True: the round table's
-    prices (one decision per step) on both sides."""
+    """The mean over reports of :func:`_pct_by_report`."""
+    return float(_pct_by_report(outcomes, walk, depth, decided)["pct"].mean())
+
+
+def _pct_by_report(
+    outcomes: pl.DataFrame, walk: pl.DataFrame, depth: int, decided: bool = False
+) -> pl.DataFrame:
+    """Per report (columns report_id, pct; sorted by report), the round oracle's ms per token (each
+    start's best fixed schedule) summed over its starts / that of the schedules ``walk`` reaches,
+    in % (see the module docstring). Prices: ``decided`` False: the oracle's schedules as fixed
+    ones, with no decisions, and each reached one with the walk's own ``decisions``; True: the
+    round table's prices (one decision per step) on both sides."""
     tokens = pl.col("accepted").cast(pl.Float64) + 1
     ms = pl.col("round_latency_ms")
     base = ms if decided else ms - depth * pl.col("decision_ms")
@@ -246,7 +253,7 @@ def _pct_of_oracle(outcomes: pl.DataFrame, walk: pl.DataFrame, depth: int, decid
         raise ValueError("round states: a walk reaches a schedule the round table lacks")
     paid = base if decided else base + pl.col("decisions") * pl.col("decision_ms")
     per_report = reached.group_by("report_id").agg(pct=100 * pl.col("best").sum() / (paid / tokens).sum())
-    return float(per_report["pct"].mean())
+    return per_report.sort("report_id")
 
 
 def priced_walk_pct(
@@ -260,6 +267,13 @@ def priced_walk_pct(
     the reached schedules' (each round's ms less the decisions not taken), in %; mean over
     reports."""
     return _pct_of_oracle(outcomes, _walk(states, depth, skip_rest_below), depth)
+
+
+def priced_walk_pct_by_report(
+    outcomes: pl.DataFrame, states: pl.DataFrame, depth: int, skip_rest_below: float | None
+) -> pl.DataFrame:
+    """:func:`priced_walk_pct` per report (columns report_id, pct; sorted by report)."""
+    return _pct_by_report(outcomes, _walk(states, depth, skip_rest_below), depth)
 
 
 def backoff_walk_pct(

@@ -228,16 +228,23 @@ def test_distill_exports_the_training_states_that_won_out_of_fold(run_all):
 
 
 def test_distill_exports_the_gate_whose_decision_priced_walk_is_best(run_all):
-    """skip_rest_below: the candidate with the best decision-priced round walk, in the manifest."""
+    """skip_rest_below: the gate with the best decision-priced round walk unless deciding every
+    step leads it by more than one standard error over the reports; in the manifest."""
     params, res = run_all
     metrics = res["distill"]
     walks = metrics["decision_priced_walk_pct"]
     students = {k: v for k, v in walks.items() if k.startswith("student_skip_rest_below_")}
     assert "student_skip_rest_below_none" in students and len(students) > 1 and "all_small" in walks
-    best = max(students.values())
+    none = students.pop("student_skip_rest_below_none")
+    best_gate = max(students.values())
+    noise = metrics["skip_rest_noise"]
+    assert noise["none_lead"] == pytest.approx(none - best_gate)
+    assert noise["none_lead_se"] >= 0 and noise["reports"] >= 2
     gate = metrics["skip_rest_below"]
-    chosen = "none" if gate is None else f"{gate:.4f}"
-    assert students[f"student_skip_rest_below_{chosen}"] == best
+    if noise["none_lead"] > noise["none_lead_se"]:
+        assert gate is None
+    else:
+        assert students[f"student_skip_rest_below_{gate:.4f}"] == best_gate
     manifest = json.loads((Path(params.distill.out_dir) / "student.json").read_text())
     assert manifest.get("skip_rest_below") == gate
     assert "Decision-priced round walk" in (Path(params.distill.out_dir) / "offline.md").read_text()

@@ -28,6 +28,7 @@ from decoder.models import make_pair
 from decoder.policies import RuntimeContext, StepContext, schedule_bits
 from decoder.scheduler import load_scheduler
 from features.round_states import fixed_schedule_pct, priced_walk_pct
+from pipeline import distill
 
 RUNTIME = RuntimeContext(prompt_tokens=20, target_ms=2.0, mid_ms=1.0)
 
@@ -171,3 +172,64 @@ def test_priced_walk_matches_a_walk_written_out_step_by_step() -> None:
         small = fixed_schedule_pct(out, 3, 0)
         stopped = priced_walk_pct(out, never, 3, 0.0)
         assert stopped < small  # the one decision costs something, All-Small pays none
+
+
+def _fake_walks(monkeypatch, by_gate: dict) -> None:
+    """choose_skip_rest's walks replaced by per-report % given here (gate -> list over reports)."""
+    monkeypatch.setattr(distill, "_gap_quantiles", lambda states: sorted(g for g in by_gate if g is not None))
+
+    def walk(outcomes, states, depth, gate):
+        pct = by_gate[gate]
+        return pl.DataFrame({"report_id": [f"r{i:02d}" for i in range(len(pct))], "pct": pct})
+
+    monkeypatch.setattr(distill, "priced_walk_pct_by_report", walk)
+
+
+def _choose():
+    rs = distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), pl.DataFrame())
+    return distill.choose_skip_rest(pl.DataFrame(), rs, 3)
+
+
+def test_a_gate_within_noise_of_deciding_every_step_is_taken(monkeypatch) -> None:
+    rng = np.random.default_rng(0)
+    gate = 70 + rng.normal(0, 3, 30)
+    # deciding every step is ahead on the mean by 0.05 points, reports scattering by +-2: noise
+    none = gate + rng.normal(0, 2, 30)
+    none += 0.05 - (none - gate).mean()
+    _fake_walks(monkeypatch, {None: none.tolist(), 4.0: gate.tolist()})
+    g, walks, noise = _choose()
+    assert walks["none"] > walks["4.0000"]  # the old rule (the best mean) took no gate
+    assert g == 4.0
+    assert noise["none_lead"] == pytest.approx(0.05) and noise["none_lead_se"] > 0.05
+    assert noise["reports"] == 30
+
+
+def test_deciding_every_step_wins_when_it_leads_on_every_report(monkeypatch) -> None:
+    gate = [70.0 + i for i in range(10)]
+    none = [v + 1.0 + 0.01 * (i % 3) for i, v in enumerate(gate)]  # +1 point everywhere, little spread
+    _fake_walks(monkeypatch, {None: none, 2.0: [v - 5 for v in gate], 4.0: gate})
+    g, _, noise = _choose()
+    assert g is None
+    assert noise["none_lead"] == pytest.approx(1.01, abs=0.01)  # against the better gate, g = 4
+
+
+def test_among_gates_the_best_mean_wins_and_ties_go_to_the_larger_gap(monkeypatch) -> None:
+    base = [60.0, 70.0, 80.0]
+    behind = [v - 1 for v in base]
+    _fake_walks(monkeypatch, {None: behind, 1.0: base, 3.0: base, 0.5: [v - 0.5 for v in base]})
+    assert _choose()[0] == 3.0
+    _fake_walks(monkeypatch, {None: behind, 1.0: [v + 0.2 for v in base], 3.0: base})
+    assert _choose()[0] == 1.0
+
+
+def test_the_gate_walks_are_the_priced_walks_per_report() -> None:
+    out, st = _tables(random.Random(7))
+    rs = distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), out)
+    g, walks, noise = distill.choose_skip_rest(st, rs, 3)
+    assert walks["none"] == pytest.approx(_by_hand(out, st, 3, None))
+    gates = distill._gap_quantiles(st)
+    assert len(walks) == 1 + len(gates) > 2
+    for gap in gates:
+        assert walks[f"{gap:.4f}"] == pytest.approx(_by_hand(out, st, 3, gap))
+    assert noise["reports"] == 2
+    assert g is None or f"{g:.4f}" in walks
