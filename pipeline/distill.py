@@ -368,12 +368,15 @@ def choose_skip_rounds(
     choose_skip_rest draws g from (c = 0 needs no h), each scored out of fold by the
     decision-priced walk with the backoff carried from start to start
     (features.round_states.backoff_walk_pct, which counts skip-runs in round-table starts); the
-    best mean wins, ties to the smaller c, then the smaller h. ``states``: as for choose_skip_rest.
+    best mean wins, ties to the larger c, then the smaller h. A tie is a walk that cannot tell the
+    caps apart: a prompt's walk is a few round-table starts long, too short for a run past the
+    smaller cap to show, and when unsure the student skips (the issue's decision rule; the
+    previous run tied c = 7 and c = 15 to the last digit). ``states``: as for choose_skip_rest.
     Returns c, h and every candidate's %."""
     margins = [0.0, *(h for h in _gap_quantiles(states) if h > 0)]
     candidates = [(0, 0.0), *((c, h) for c in BACKOFF_CAPS if c > 0 for h in margins)]
     pct = {ch: backoff_walk_pct(rs.outcomes, states, depth, skip_rest_below, *ch) for ch in candidates}
-    c, h = max(candidates, key=lambda ch: pct[ch])  # max keeps the first of equals
+    c, h = max(candidates, key=lambda ch: (pct[ch], ch[0], -ch[1]))
     return c, h, {backoff_key(*ch): v for ch, v in pct.items()}
 
 

@@ -252,7 +252,7 @@ def test_distill_exports_the_gate_whose_decision_priced_walk_is_best(run_all):
 
 def test_distill_exports_the_backoff_whose_walk_is_best(run_all):
     """skip_rounds_max c and skip_rounds_margin h: every candidate walked (after the chosen gate),
-    the best exported, ties to the smaller cap; c = 0 is the gate's own walk; the manifest and the
+    the best exported, ties to the larger cap; c = 0 is the gate's own walk; the manifest and the
     decoder carry both."""
     params, res = run_all
     metrics = res["distill"]
@@ -262,7 +262,7 @@ def test_distill_exports_the_backoff_whose_walk_is_best(run_all):
     assert all((c, 0.0) in found for c in (0, 1, 3, 7, 15))  # h = 0 (idle = no mid call) is a candidate
     c, h = metrics["skip_rounds_max"], metrics["skip_rounds_margin"]
     best = found[(c, round(h, 4))]
-    assert best == max(found.values()) and all(v < best for (d, _), v in found.items() if d < c)
+    assert best == max(found.values()) and all(v < best for (d, _), v in found.items() if d > c)
     caps = {d: v for (d, m), v in found.items() if m == 0}
     gate = metrics["skip_rest_below"]
     assert caps[0] == pytest.approx(

@@ -32,6 +32,7 @@ from decoder.models import make_pair
 from decoder.policies import RoundBackoff, schedule_bits, start_generation
 from decoder.scheduler import LearnedScheduler, load_scheduler
 from features.round_states import backoff_walk_pct, priced_walk_pct
+from pipeline import distill
 
 LOW, HIGH = -5.0, 5.0  # scores far below / above the threshold 0.5
 NEAR = 0.2  # below the threshold 0.5, but within a margin of 1
@@ -249,3 +250,20 @@ def test_backoff_walk_counts_a_start_within_the_margin_as_engaged() -> None:
     # a margin below NEAR's gap (0.3) leaves it idle; one just above it does not
     assert backoff_walk_pct(out, st, 3, None, 1, 0.29) == pytest.approx(_priced_by_hand(out, plays))
     assert backoff_walk_pct(out, st, 3, None, 1, 0.31) != pytest.approx(_priced_by_hand(out, plays))
+
+
+def test_a_backoff_walk_that_cannot_tell_two_caps_apart_takes_the_larger(monkeypatch) -> None:
+    """Equal walks (a prompt's walk too short for a longer skip-run to show) go to the larger cap,
+    then the smaller margin; a strictly better walk wins whatever its cap."""
+
+    def walks(table):
+        monkeypatch.setattr(distill, "_gap_quantiles", lambda states: [1.0, 2.0])
+        monkeypatch.setattr(
+            distill, "backoff_walk_pct", lambda outcomes, states, depth, gate, c, h: table.get((c, h), 50.0)
+        )
+        rs = distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), pl.DataFrame())
+        return distill.choose_skip_rounds(pl.DataFrame(), rs, 3, None)[:2]
+
+    assert walks({(7, 2.0): 60.0, (15, 2.0): 60.0, (15, 1.0): 60.0, (3, 2.0): 59.9}) == (15, 1.0)
+    assert walks({(3, 2.0): 60.0 + 1e-9, (7, 2.0): 60.0, (15, 2.0): 60.0}) == (3, 2.0)
+    assert walks({(0, 0.0): 51.0}) == (0, 0.0)
