@@ -185,9 +185,13 @@ def _fake_walks(monkeypatch, by_gate: dict) -> None:
     monkeypatch.setattr(distill, "priced_walk_pct_by_report", walk)
 
 
+def _round_set(outcomes: pl.DataFrame) -> distill.RoundSet:
+    """A RoundSet holding only ``outcomes``: all the gate and backoff choices read of it."""
+    return distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), outcomes)
+
+
 def _choose():
-    rs = distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), pl.DataFrame())
-    return distill.choose_skip_rest(pl.DataFrame(), rs, 3)
+    return distill.choose_skip_rest(pl.DataFrame(), _round_set(pl.DataFrame()), 3)
 
 
 def test_a_gate_within_noise_of_deciding_every_step_is_taken(monkeypatch) -> None:
@@ -224,8 +228,7 @@ def test_among_gates_the_best_mean_wins_and_ties_go_to_the_larger_gap(monkeypatc
 
 def test_the_gate_walks_are_the_priced_walks_per_report() -> None:
     out, st = _tables(random.Random(7))
-    rs = distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), out)
-    g, walks, noise = distill.choose_skip_rest(st, rs, 3)
+    g, walks, noise = distill.choose_skip_rest(st, _round_set(out), 3)
     assert walks["none"] == pytest.approx(_by_hand(out, st, 3, None))
     gates = distill._gap_quantiles(st)
     assert len(walks) == 1 + len(gates) > 2

@@ -20,7 +20,7 @@ import pytest
 from conftest import noisy_copy, tiny_model
 from test_policy_replay import _prompts
 from test_scheduler_export import student_artifact
-from test_skip_rest import RUNTIME, _ctx, _tables
+from test_skip_rest import RUNTIME, _ctx, _round_set, _tables
 
 from collectors.latency import counts_from_round
 from collectors.policy_replay import replay_policy
@@ -261,8 +261,7 @@ def test_a_backoff_walk_that_cannot_tell_two_caps_apart_takes_the_larger(monkeyp
         monkeypatch.setattr(
             distill, "backoff_walk_pct", lambda outcomes, states, depth, gate, c, h: table.get((c, h), 50.0)
         )
-        rs = distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), pl.DataFrame())
-        return distill.choose_skip_rounds(pl.DataFrame(), rs, 3, None)[:2]
+        return distill.choose_skip_rounds(pl.DataFrame(), _round_set(pl.DataFrame()), 3, None)[:2]
 
     assert walks({(7, 2.0): 60.0, (15, 2.0): 60.0, (15, 1.0): 60.0, (3, 2.0): 59.9}) == (15, 1.0)
     assert walks({(3, 2.0): 60.0 + 1e-9, (7, 2.0): 60.0, (15, 2.0): 60.0}) == (3, 2.0)
