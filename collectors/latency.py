@@ -20,6 +20,8 @@ Contract:
   forward cheaper; below the smallest size it keeps that size's cost. The mid call's 2-D table is
   priced the same way along each axis (bilinear inside the grid, those clamping rules outside).
   A mid call that forwards 0 tokens costs 0 ms (MidDrafter.rescore skips the forward).
+- A profile may combine several passes measured minutes apart (`median_profile`: the median of
+  each figure over the passes), so a slow spell of a shared machine that hits one pass is outvoted.
 - Profiles are JSON with a schema_version. `save_profile` replaces the file atomically;
   `load_profile` rejects another version and missing or unknown keys with a ValueError naming the file.
 """
@@ -41,7 +43,7 @@ from decoder.files import replace_atomically
 if TYPE_CHECKING:  # kept off import so re-pricing needs neither torch nor transformers
     from decoder.generate import RoundStats
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: passes
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 DEFAULT_MID_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_MID_FED = (0, 16, 64, 256)
@@ -102,7 +104,7 @@ class LatencyProfile:
     dtype: str
     context_len: int  # cached tokens every timed forward ran on top of
     warmup: int  # discarded repeats
-    repeats: int  # kept repeats; a figure is the median over them of per-repeat medians
+    repeats: int  # kept repeats (all passes); a pass's figure is the median of its per-repeat medians
     samples_per_repeat: int  # round-robin passes over all components within one repeat
     verify_points: Points  # target verification: tree nodes incl. the root -> ms
     mid_tokens: tuple[int, ...]  # mid table columns: tokens one call forwards (catch-up + new nodes)
@@ -115,8 +117,11 @@ class LatencyProfile:
     decision_ms: float  # one online decision: tree signals + history/context features + 17-64-32-1 MLP
     ar_token_ms: float  # one autoregressive target step
     tree_points: Points  # per-round tree work (prune, bookkeeping): live tree nodes incl. root -> ms
+    passes: int = 1  # separate measurements, pairs in turn, combined figure by figure (median_profile)
 
     def __post_init__(self) -> None:
+        if isinstance(self.passes, bool) or not isinstance(self.passes, int) or self.passes < 1:
+            raise ValueError(f"passes must be an integer >= 1, got {self.passes!r}")
         object.__setattr__(self, "verify_points", _clean_points("verify_points", self.verify_points))
         object.__setattr__(self, "tree_points", _clean_points("tree_points", self.tree_points))
         object.__setattr__(self, "mid_tokens", tuple(int(n) for n in self.mid_tokens))
@@ -333,3 +338,50 @@ def compare_profiles(a: LatencyProfile, b: LatencyProfile) -> list[Agreement]:
         worst = ratios[max(range(len(ratios)), key=lambda i: abs(logs[i]))]
         out.append(Agreement(component, len(ratios), math.exp(sum(logs) / len(logs)), worst))
     return out
+
+
+_SAME = ("pair", "device", "device_name", "torch_threads", "clock", "torch_version", "dtype", "context_len",
+         "warmup", "samples_per_repeat", "mid_tokens", "mid_fed")  # fmt: skip
+_MEDIANS = ("ngram_step_ms", "ngram_node_ms", "ngram_mean_frontier", "decision_ms", "ar_token_ms",
+            "mid_end_ms")  # fmt: skip
+
+
+def median_profile(passes: Sequence[LatencyProfile]) -> LatencyProfile:
+    """One profile from passes of the same measurement taken at different times: every figure (each
+    verify and tree point, each mid table cell, each scalar) is the median over the passes, so a
+    pass that a slow spell of the machine hit is outvoted (with 3 or more passes). ``repeats`` and
+    ``passes`` add up. The passes must agree on everything but the figures (pair, device, clock,
+    settings, the sizes measured); a ValueError names the first field that differs."""
+    if not passes:
+        raise ValueError("median_profile needs at least one pass")
+    first = passes[0]
+    for other in passes[1:]:
+        for name in (*_SAME, "verify_points", "tree_points"):
+            a, b = getattr(first, name), getattr(other, name)
+            if name.endswith("_points"):
+                a, b = [n for n, _ in a], [n for n, _ in b]
+            if a != b:
+                raise ValueError(f"profile passes differ in {name}: {a!r} vs {b!r}")
+
+    def med(values: Sequence[float]) -> float:
+        ordered = sorted(values)
+        k = len(ordered)
+        return ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
+
+    def points(name: str) -> Points:
+        rows = [getattr(p, name) for p in passes]
+        return tuple((n, med([r[i][1] for r in rows])) for i, (n, _) in enumerate(rows[0]))
+
+    grid = tuple(
+        tuple(med([p.mid_grid_ms[r][c] for p in passes]) for c in range(len(row)))
+        for r, row in enumerate(first.mid_grid_ms)
+    )
+    return dataclasses.replace(
+        first,
+        repeats=sum(p.repeats for p in passes),
+        passes=sum(p.passes for p in passes),
+        verify_points=points("verify_points"),
+        tree_points=points("tree_points"),
+        mid_grid_ms=grid,
+        **{name: med([getattr(p, name) for p in passes]) for name in _MEDIANS},
+    )

@@ -205,6 +205,9 @@ class ProfileParams:
     sizes: tuple[int, ...]  # tree nodes for verify (up to budget + 1) and for the per-round tree work
     mid_tokens: tuple[int, ...]  # mid-call table: tokens one call forwards
     mid_fed: tuple[int, ...]  # mid-call table: tree nodes already fed this round (0 included)
+    # whole measurements of every pair, the pairs in turn; a figure is their median (a slow spell
+    # of the machine hits one pass of a pair and is outvoted)
+    passes: int = 1
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,27 @@
 """DVC stage ``profile``: measure one latency profile per registered pair.
 
 Writes ``<out_dir>/<pair>.json`` (collectors.latency JSON, replaced atomically) for every pair in
-``pairs`` and prints a small table. Collectors store raw counts; these files price them, and a
+``pairs``, each the median of ``passes`` passes measured in turn (:func:`run_profile`), with
+``<out_dir>/passes.json`` (each pass's worst ratio to that median, per component), and prints
+both as tables. Collectors store raw counts; these files price them, and a
 profile measured elsewhere (e.g. on a GPU) re-prices the same counts without recollecting.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from collectors.latency import LatencyProfile, save_profile
+from collectors.latency import LatencyProfile, compare_profiles, median_profile, save_profile
 from config.params import Params, ProfileParams, resolve
 from decoder.config import TreeConfig
 from pipeline.cli import apply_runtime, run_stage
-from pipeline.tracking import log_metrics, stage_run
+from pipeline.tracking import log_metrics, stage_run, write_json
 
 if TYPE_CHECKING:
     from decoder.models import ModelPair
@@ -52,34 +56,79 @@ def run_profile(
     load_pair_fn: Callable[[str], ModelPair],
     tree: TreeConfig = TreeConfig(),  # noqa: B008 (frozen: a shared default is safe)
 ) -> list[Path]:
-    """Load each pair with `load_pair_fn`, measure it on real rounds of the given tree settings,
-    write ``<out_dir>/<pair>.json``; return the paths."""
+    """Measure every pair ``settings.passes`` times, the pairs in turn (pass 1 of each pair, then
+    pass 2 of each, ...), each pass a full measure_profile on real rounds of the given tree
+    settings; write ``<out_dir>/<pair>.json``, the median of the passes figure by figure
+    (collectors.latency.median_profile), and ``<out_dir>/passes.json``, how far each pass strayed
+    from that median per component; return the pairs' paths.
+
+    Why passes: this box's speed drifts over minutes. One pass of zoo-m measured every figure
+    1.3-2.2x what a pass hours later measured (the AR step 1.97 vs 0.88 ms) while the large pairs
+    moved 3-10%: a slow spell during the half minute a small pair is timed. Spread over the whole
+    stage, a spell hits one pass of a pair and the median outvotes it."""
     from collectors.profiling import measure_profile  # heavy import (torch) kept off --help
 
-    out_dir = resolve(settings.out_dir)
-    paths, profiles = [], []
+    if settings.passes < 1:
+        raise ValueError(f"profile.passes must be >= 1, got {settings.passes}")
     for name in settings.pairs:
         if not name or Path(name).name != name:
             raise ValueError(f"pair name {name!r} cannot be a file name")
-        pair = load_pair_fn(name)
-        profile = measure_profile(
-            pair,
-            name,
-            context_len=settings.context_len,
-            sizes=settings.sizes,
-            warmup=settings.warmup,
-            repeats=settings.repeats,
-            mid_tokens=settings.mid_tokens,
-            mid_fed=settings.mid_fed,
-            samples_per_repeat=settings.samples_per_repeat,
-            tree_config=tree,
-        )
+    out_dir = resolve(settings.out_dir)
+    measured: dict[str, list[LatencyProfile]] = {name: [] for name in settings.pairs}
+    for _ in range(settings.passes):
+        for name in settings.pairs:
+            pair = load_pair_fn(name)
+            measured[name].append(
+                measure_profile(
+                    pair,
+                    name,
+                    context_len=settings.context_len,
+                    sizes=settings.sizes,
+                    warmup=settings.warmup,
+                    repeats=settings.repeats,
+                    mid_tokens=settings.mid_tokens,
+                    mid_fed=settings.mid_fed,
+                    samples_per_repeat=settings.samples_per_repeat,
+                    tree_config=tree,
+                )
+            )
+            del pair  # one pair's weights in memory at a time
+    paths, profiles = [], []
+    for name, passes in measured.items():
+        profile = median_profile(passes)
         paths.append(save_profile(profile, out_dir / f"{name}.json"))
         profiles.append(profile)
         log.info("wrote %s", paths[-1])
-        del pair  # one pair's weights in memory at a time
+    spread = pass_spread(measured)
+    write_json(out_dir / PASSES_FILE, spread)
     print(format_table(profiles))
+    print(format_spread(spread))
     return paths
+
+
+PASSES_FILE = "passes.json"
+
+
+def pass_spread(measured: dict[str, list[LatencyProfile]]) -> dict[str, dict[str, list[float]]]:
+    """Per pair and component, each pass's worst ratio to the combined profile (1: it agreed)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, passes in measured.items():
+        combined = median_profile(passes)
+        rows: dict[str, list[float]] = {}
+        for p in passes:
+            for g in compare_profiles(combined, p):
+                rows.setdefault(g.component, []).append(g.worst_ratio)
+        out[name] = rows
+    return out
+
+
+def format_spread(spread: dict[str, dict[str, list[float]]]) -> str:
+    """One line per pair: per component, the worst pass's ratio to the combined figure."""
+    lines = ["pass vs combined profile, worst point per component (1.00: the pass agreed):"]
+    for name, rows in spread.items():
+        worst = {c: max(v, key=lambda r: abs(math.log(r))) for c, v in rows.items()}
+        lines.append(f"  {name:<12} " + "  ".join(f"{c} {r:.2f}" for c, r in worst.items()))
+    return "\n".join(lines)
 
 
 def main(params: Params) -> list[Path]:
@@ -93,7 +142,12 @@ def main(params: Params) -> list[Path]:
 
     with stage_run("profile", params):
         paths = run_profile(params.profile, load, TreeConfig(**dataclasses.asdict(params.tree)))
-        log_metrics({"n_pairs": len(paths)})
+        spread = json.loads((resolve(params.profile.out_dir) / PASSES_FILE).read_text())
+        worst = {
+            f"pass_deviation_{name}": max(abs(r - 1.0) for v in rows.values() for r in v)
+            for name, rows in spread.items()
+        }
+        log_metrics({"n_pairs": len(paths), "passes": params.profile.passes, **worst})
     return paths
 
 

@@ -27,6 +27,7 @@ from collectors.latency import (
     interpolate,
     interpolate_grid,
     load_profile,
+    median_profile,
     price_ar,
     price_round,
     save_profile,
@@ -55,7 +56,7 @@ from decoder import files
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
-from pipeline.profile import format_table, run_profile
+from pipeline.profile import PASSES_FILE, format_table, run_profile
 
 SIZES = (1, 4, 16)
 MID_TOKENS, MID_FED = (1, 8), (0, 4)
@@ -417,9 +418,55 @@ def test_run_profile_writes_one_file_per_pair(tmp_path, pair, capsys) -> None:
     assert all(p.context_len == 16 and [n for n, _ in p.verify_points] == [1, 3] for p in profiles)
     assert all((p.mid_tokens, p.mid_fed) == ((1, 4), (0, 2)) for p in profiles)
     out = capsys.readouterr().out
-    assert out.strip() == format_table(profiles) and "verify@max" in out
+    assert out.startswith(format_table(profiles)) and "verify@max" in out
     with pytest.raises(ValueError, match="file name"):
         run_profile(dataclasses.replace(settings, pairs=("../x",)), load)
+
+
+def test_run_profile_measures_the_pairs_in_turn_and_keeps_the_median(tmp_path, pair, capsys) -> None:
+    settings = ProfileParams(
+        pairs=("a", "b"), out_dir=str(tmp_path / "out"), context_len=16, warmup=0, repeats=1,
+        samples_per_repeat=1, sizes=(1, 3), mid_tokens=(1, 4), mid_fed=(0, 2), passes=3,
+    )  # fmt: skip
+    loaded: list[str] = []
+
+    def load(name: str):
+        loaded.append(name)
+        return pair
+
+    paths = run_profile(settings, load)
+    assert loaded == ["a", "b"] * 3  # pass by pass, not pair by pair: a slow spell hits one pass
+    profiles = [load_profile(p) for p in paths]
+    assert [(p.pair, p.passes, p.repeats) for p in profiles] == [("a", 3, 3), ("b", 3, 3)]
+    spread = json.loads((tmp_path / "out" / PASSES_FILE).read_text())
+    assert set(spread) == {"a", "b"}
+    ratios = [r for rows in spread.values() for per_pass in rows.values() for r in per_pass]
+    assert all(len(v) == 3 for rows in spread.values() for v in rows.values()) and min(ratios) > 0
+    assert {"verify", "ar", "mid"} <= set(spread["a"])
+    assert "pass vs combined profile" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="passes must be >= 1"):
+        run_profile(dataclasses.replace(settings, passes=0), load)
+
+
+def test_median_profile_outvotes_a_pass_hit_by_a_slow_spell() -> None:
+    calm, slow = linear_profile(), linear_profile(scale=2.0)
+    combined = median_profile([calm, slow, linear_profile(scale=1.02)])
+    # every figure: the median of (x, 2x, 1.02x) is 1.02x, not the slow pass's 2x nor the mean's 1.34x
+    for g in compare_profiles(calm, combined):
+        assert g.geomean_ratio == pytest.approx(1.02) and g.worst_ratio == pytest.approx(1.02), g.component
+    assert (combined.repeats, combined.passes) == (45, 3)
+    assert median_profile([calm]) == calm
+    two = median_profile([calm, slow])  # an even count: the mean of the middle two
+    assert two.ar_token_ms == pytest.approx(1.5 * calm.ar_token_ms)
+    moved = dataclasses.replace(calm, verify_points=((1, 2.0), (3, 4.0)))
+    with pytest.raises(ValueError, match="differ in verify_points"):
+        median_profile([calm, moved])
+    with pytest.raises(ValueError, match="differ in context_len"):
+        median_profile([calm, dataclasses.replace(calm, context_len=64)])
+    with pytest.raises(ValueError, match="at least one pass"):
+        median_profile([])
+    with pytest.raises(ValueError, match="passes must be an integer >= 1"):
+        dataclasses.replace(calm, passes=0)
 
 
 def test_compare_profiles_finds_the_component_that_moved() -> None:
