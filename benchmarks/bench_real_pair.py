@@ -176,6 +176,21 @@ def lossless(pair, prompts, results: dict[str, list[GenerationResult]]) -> dict[
     return out
 
 
+def held_back_prompts(
+    params: Params, tokenizer: object, template: str, datasets: list[str], per_dataset: int
+) -> tuple[list[str], list[list[int]]]:
+    """(dataset ids, prompt token ids): the first ``per_dataset`` questions of each dataset
+    from evaluate.prompt_start on (held back: the budget stage chose on the collect slice)."""
+    benches = load_benchmarks(resolve(params.data.out_dir), datasets)
+    start = params.evaluate.prompt_start
+    questions, ids = [], []
+    for ds in datasets:
+        picked = benches[ds][start : start + per_dataset]
+        questions += picked
+        ids += [ds] * len(picked)
+    return ids, encode_prompts(questions, tokenizer, template, MAX_PROMPT_TOKENS)
+
+
 def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict:
     shape = chosen_shape(params, pair_id)
     budget = int(shape["budget"])
@@ -184,14 +199,9 @@ def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict
     target, mid = params.pair_paths(pair_id)
     pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device)
 
-    benches = load_benchmarks(resolve(params.data.out_dir), args.datasets)
-    start = params.evaluate.prompt_start
-    questions, datasets = [], []
-    for ds in args.datasets:
-        picked = benches[ds][start : start + args.prompts_per_dataset]
-        questions += picked
-        datasets += [ds] * len(picked)
-    prompts = encode_prompts(questions, pair.tokenizer, spec.template, MAX_PROMPT_TOKENS)
+    datasets, prompts = held_back_prompts(
+        params, pair.tokenizer, spec.template, args.datasets, args.prompts_per_dataset
+    )
 
     tree = pair_tree(params, pair_id)  # B*, W x m, n-gram min n and any per-round rule
     methods = [Method(name, name, tree) for name in FIXED]

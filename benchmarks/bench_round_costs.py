@@ -12,9 +12,11 @@ one shared warm-up. Printed per prompt: both walls and their ratio; both prefill
 one also computes the target's top-m rows at every prompt position for the n-gram drafter, AR keeps
 the last position's logits only); the speculative rounds split into root-only rounds (no draft: one
 target step) and rounds that verified a tree, with their median verify ms and accepted tokens; and
-AR's decode ms per token. What it answers: whether a slowdown against AR comes from failed drafts
-(tree rounds that accept nothing), from the prefill's rows, or from root-only rounds costing more
-than an AR step. Timing-sensitive: run it alone.
+AR's decode ms per step and its step count. What it answers: whether a slowdown against AR comes
+from failed drafts (tree rounds that accept nothing), from the prefill's rows, from root-only
+rounds costing more than an AR step, or from the loop's one round more than AR's steps (its prefill
+stops before the prompt's last token, which the first round verifies). Timing-sensitive: run it
+alone.
 """
 
 from __future__ import annotations
@@ -31,14 +33,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
+from benchmarks.bench_real_pair import held_back_prompts
 from collectors.plan import tree_config
-from collectors.prompts import encode_prompts, load_benchmarks
-from config.params import load_params, resolve
+from config.params import load_params
 from decoder.config import DecodeConfig
 from decoder.generate import GenerationResult, autoregressive, generate
 from decoder.models import load_pair
-
-MAX_PROMPT_TOKENS = 256
 
 
 def rounds_line(res: GenerationResult) -> str:
@@ -73,10 +73,9 @@ def main() -> None:
     spec = params.pairs[args.pair]
     target, mid = params.pair_paths(args.pair)
     pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device)
-    benches = load_benchmarks(resolve(params.data.out_dir), args.datasets)
-    start = params.evaluate.prompt_start
-    picked = [(ds, q) for ds in args.datasets for q in benches[ds][start : start + args.prompts_per_dataset]]
-    prompts = encode_prompts([q for _, q in picked], pair.tokenizer, spec.template, MAX_PROMPT_TOKENS)
+    datasets, prompts = held_back_prompts(
+        params, pair.tokenizer, spec.template, args.datasets, args.prompts_per_dataset
+    )
     tree = dataclasses.replace(
         tree_config(params.tree), budget=args.budget, width=args.width, topk=args.topk,
         ngram_min_n=args.ngram_min_n,
@@ -87,7 +86,7 @@ def main() -> None:
     generate(pair, prompts[0], args.policy, warm)
     print(f"{args.pair}, {args.policy} at B = {args.budget}, {args.width} x {args.topk}, "
           f"n-gram n >= {args.ngram_min_n}, {args.max_new_tokens} new tokens")  # fmt: skip
-    for (ds, _), prompt in zip(picked, prompts, strict=True):
+    for ds, prompt in zip(datasets, prompts, strict=True):
         ar = autoregressive(pair, prompt, config)
         res = generate(pair, prompt, args.policy, config, timing=True)
         if res.new_tokens != ar.new_tokens:
