@@ -11,6 +11,11 @@ ddtree path does today), ``tdes`` = the scorer's per-round grid (EdgeScorer.for_
 build_ddtree with those edge scores. The added overhead per round is the median over rounds of
 (tdes - marginal), each the median of its repeats, in ms; the ratio is tdes / marginal. The verify
 forward is not part of either, so this is the decision work GRAFT's 0.3 ms target is about.
+
+``rule ms`` is full GRAFT's other per-round decision: the learned per-round budget
+(decoder/block_budget.py, rule_budget) on the round's TDES tree at cap = B, timed in the same
+alternation with a fixed rule (its weights and cost curve do not change the work: the tree's first
+B nodes are always scored), and ``graft ms`` = added + rule, the figure the target caps.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 import polars as pl
 
+from decoder.block_budget import rule_budget
+from decoder.config import BlockBudgetRule
 from decoder.ddtree import build_ddtree
 from decoder.edge_scorer import load_edge_scorer
 from features.edge_schemas import EDGE_ROUNDS
@@ -33,19 +40,29 @@ from features.tables import read_table
 from models.edge_cv import round_arrays
 
 
-def time_round(row: dict, scorer, budget: int, repeats: int) -> tuple[float, float]:
-    """(marginal ms, tdes ms) medians of one round's tree built ``repeats`` times each, alternating."""
+def bench_rule(budget: int) -> BlockBudgetRule:
+    """A rule of cap ``budget``: a rising cost curve, weights of the fitted rules' signs."""
+    return BlockBudgetRule((1.0, -1.0, 0.5, 0.5), 0.0, tuple(1.0 + 0.05 * b for b in range(budget + 1)), 0.5)
+
+
+def time_round(row: dict, scorer, budget: int, repeats: int) -> tuple[float, float, float]:
+    """(marginal ms, tdes ms, rule ms) medians of one round's ``repeats`` builds and decisions,
+    alternating."""
     root, ids, logps, _ = round_arrays(row)
-    plain, scored = [], []
+    rule, first_logp, k = bench_rule(budget), float(logps[0, 0]), ids.shape[0]
+    plain, scored, ruled = [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         build_ddtree(root, ids, logps, budget)
         t1 = time.perf_counter()
-        build_ddtree(root, ids, logps, budget, edge_scores=scorer.for_round(root, ids, logps))
+        tree = build_ddtree(root, ids, logps, budget, edge_scores=scorer.for_round(root, ids, logps))
         t2 = time.perf_counter()
+        rule_budget(tree, first_logp, 2, k, rule)
+        t3 = time.perf_counter()
         plain.append(t1 - t0)
         scored.append(t2 - t1)
-    return 1e3 * float(np.median(plain)), 1e3 * float(np.median(scored))
+        ruled.append(t3 - t2)
+    return 1e3 * float(np.median(plain)), 1e3 * float(np.median(scored)), 1e3 * float(np.median(ruled))
 
 
 def main() -> None:
@@ -59,18 +76,22 @@ def main() -> None:
     args = parser.parse_args()
     rounds = pl.from_arrow(read_table(Path(args.rounds_file), EDGE_ROUNDS))
     result = {}
-    print("| pair | B | marginal ms | tdes ms | added ms | ratio |\n|---|---|---|---|---|---|")
+    print("| pair | B | marginal ms | tdes ms | added ms | ratio | rule ms | graft ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for pair_id in sorted(set(rounds["pair_id"].to_list())):
         scorer, _ = load_edge_scorer(Path(args.scorers) / pair_id)
         rows = list(rounds.filter(pl.col("pair_id") == pair_id).head(args.rounds).iter_rows(named=True))
         for budget in args.budgets:
             times = np.array([time_round(r, scorer, budget, args.repeats) for r in rows])
-            plain, scored = np.median(times, axis=0)
+            plain, scored, ruled = np.median(times, axis=0)
             added = float(np.median(times[:, 1] - times[:, 0]))
+            graft = float(np.median(times[:, 1] - times[:, 0] + times[:, 2]))
             result[f"{pair_id}/B{budget}"] = {"marginal_ms": plain, "tdes_ms": scored, "added_ms": added,
-                                              "ratio": scored / plain, "n_rounds": len(rows)}  # fmt: skip
+                                              "ratio": scored / plain, "rule_ms": ruled, "graft_ms": graft,
+                                              "n_rounds": len(rows)}  # fmt: skip
             print(
-                f"| {pair_id} | {budget} | {plain:.3f} | {scored:.3f} | {added:.3f} | {scored / plain:.2f} |"
+                f"| {pair_id} | {budget} | {plain:.3f} | {scored:.3f} | {added:.3f} | {scored / plain:.2f} "
+                f"| {ruled:.3f} | {graft:.3f} |"
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

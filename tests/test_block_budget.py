@@ -71,6 +71,29 @@ def test_free_nodes_verify_the_cap_and_dear_nodes_the_root_alone() -> None:
     assert gains[0] == 0 and np.allclose(np.diff(gains), 1.0)
 
 
+def test_the_decision_takes_the_budget_of_the_most_tokens_less_their_price() -> None:
+    """rule_budget's fast form picks a B whose 1 + G(B) - rate x cost_ms[B] (G from the node
+    probabilities, rule_gains) is the largest, over trees both shorter and longer than the cap,
+    random weights, histories and cost curves that are not monotone."""
+    rng = np.random.default_rng(11)
+    chosen = set()
+    for _ in range(400):
+        k, m = int(rng.integers(1, 7)), int(rng.integers(1, 4))
+        ids, logps = random_marginals(rng, k, m, 30)
+        tree = build_ddtree(2, ids, logps, int(rng.integers(0, 30)), 30)
+        cap = int(rng.integers(1, 30))
+        cost = 1.0 + np.abs(np.cumsum(rng.normal(0.05, 0.2, size=cap + 1)))
+        rule = BlockBudgetRule(
+            tuple(rng.normal(0.0, 2.0, size=4)), float(rng.normal()), tuple(cost), float(rng.random())
+        )
+        first, prev = float(logps[0, 0]), int(rng.integers(0, k + 1))
+        objective = 1.0 + rule_gains(tree, first, prev, k, rule) - rule.rate * cost
+        b = rule_budget(tree, first, prev, k, rule)
+        assert 0 <= b <= cap and objective[b] >= objective.max() - 1e-9
+        chosen.add(b == cap)
+    assert chosen == {True, False}
+
+
 def test_a_rule_refuses_bad_fields() -> None:
     with pytest.raises(ValueError, match="finite"):
         rule_with([1.0, 2.0], weights=(float("nan"), 0.0, 0.0, 0.0))
