@@ -72,9 +72,9 @@ def test_free_nodes_verify_the_cap_and_dear_nodes_the_root_alone() -> None:
 
 
 def test_the_decision_takes_the_budget_of_the_most_tokens_less_their_price() -> None:
-    """rule_budget's fast form picks a B whose 1 + G(B) - rate x cost_ms[B] (G from the node
-    probabilities, rule_gains) is the largest, over trees both shorter and longer than the cap,
-    random weights, histories and cost curves that are not monotone."""
+    """rule_budget picks a B whose 1 + G(B) - rate x cost_ms[B] (G from the node probabilities,
+    rule_gains) is the largest, over random trees (some shorter than the cap), weights, histories
+    and cost curves that are not monotone; both the cap and smaller budgets get chosen."""
     rng = np.random.default_rng(11)
     chosen = set()
     for _ in range(400):
