@@ -72,9 +72,32 @@ def rule_gains(
 
 
 def rule_budget(tree: DraftTree, first_logp: float, prev_accepted: int, k: int, rule: BlockBudgetRule) -> int:
-    """B_t for this round (module docstring); tree holds at least the first rule.cap pops."""
-    gains = rule_gains(tree, first_logp, prev_accepted, k, rule)
-    return int(np.argmax(1.0 + gains - rule.rate * np.asarray(rule.cost_ms)))
+    """B_t for this round (module docstring); tree holds at least the first rule.cap pops.
+
+    The same objective as 1 + rule_gains - rate x cost_ms, written for the decoding loop: the
+    round-constant features fold into one offset and 1 - rate x cost_ms is the rule's
+    (BlockBudgetRule.offsets), so a decision is a handful of vector ops on at most cap values."""
+    if k <= 0:
+        raise ValueError(f"k must be positive, got {k}")
+    if len(rule.weights) != len(NODE_FEATURES):
+        raise ValueError(
+            f"the rule's {len(rule.weights)} weights do not match the node features {NODE_FEATURES}"
+        )
+    # sigmoid(z) = (1 + tanh(z / 2)) / 2: one ufunc, and no overflow at any z
+    w_score, w_depth, w_first, w_prev = rule.weights
+    n = max(0, min(rule.cap, len(tree) - 1))
+    half_z = np.array(tree.scores[1 : n + 1]) * (0.5 * w_score)
+    half_z += np.array(tree.depths[1 : n + 1]) * (0.5 * w_depth / k)
+    half_z += 0.5 * (w_first * float(first_logp) + w_prev * (prev_accepted / k) + rule.bias)
+    objective = rule.offsets.copy()
+    if n:
+        p = np.tanh(half_z, out=half_z)
+        p += 1.0
+        p *= 0.5
+        gains = p.cumsum(out=p)
+        objective[1 : n + 1] += gains
+        objective[n + 1 :] += gains[-1]
+    return int(objective.argmax())
 
 
 def first_nodes(tree: DraftTree, budget: int) -> DraftTree:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+
+import numpy as np
 
 
 class Grafting(StrEnum):
@@ -93,6 +96,13 @@ class BlockBudgetRule:
     @property
     def cap(self) -> int:
         return len(self.cost_ms) - 1
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """1 - rate x cost_ms[B] for B = 0..cap: the decision's objective before its gains."""
+        offsets = 1.0 - self.rate * np.asarray(self.cost_ms)
+        offsets.flags.writeable = False
+        return offsets
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,11 @@ sum of its edge scores. The same heap stays exact: each parent's children are pu
 order (by edge score, ties by rank), so "next sibling" is the next in that order, and edge scores
 <= 0 keep every child behind its parent. Prefixes are then keyed by candidate indices and compare
 by (-score, depth, positions in the parents' orders). Without it nothing changes.
+
+A round's edge scores can also come precomputed and checked as an :class:`EdgeGrid` (what
+decoder/edge_scorer.py's ``for_round`` returns): every (parent, child) score of the round and each
+parent's children already in that order, looked up by the parent's candidate index, so the heap
+does no per-pop scoring, checking or sorting. Both forms build the same tree.
 """
 
 from __future__ import annotations
@@ -31,13 +36,28 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from decoder.tree import DraftTree
 
 # (depth d, parent token, candidate ids at d (m,), their log marginals (m,)) -> edge log-scores (m,)
-EdgeScores = Callable[[int, int, np.ndarray, np.ndarray], np.ndarray | list[float]]
+EdgeScoreFn = Callable[[int, int, np.ndarray, np.ndarray], np.ndarray | list[float]]
+
+
+@dataclass(frozen=True)
+class EdgeGrid:
+    """One round's edge scores, precomputed: ``rows[d - 1][i][c]`` is candidate c's edge log-score
+    at depth d under parent i (the parent's candidate index at depth d - 1; i = 0 is the root at
+    depth 1) and ``orders[d - 1][i]`` its children best first (score, ties by rank). Whoever builds
+    one checks it: finite scores <= 0, orders consistent with them (edge_scorer.py, for_round)."""
+
+    rows: list[list[list[float]]]
+    orders: list[list[list[int]]]
+
+
+EdgeScores = EdgeScoreFn | EdgeGrid
 
 
 def check_marginals(ids: np.ndarray, logps: np.ndarray, vocab_size: int | None = None) -> None:
@@ -81,7 +101,7 @@ def best_prefixes(logps: np.ndarray, budget: int) -> list[tuple[tuple[int, ...],
     return out
 
 
-def _edge_row(edge_scores: EdgeScores, d: int, parent: int, ids: np.ndarray, logps: np.ndarray):
+def _edge_row(edge_scores: EdgeScoreFn, d: int, parent: int, ids: np.ndarray, logps: np.ndarray):
     """(edge scores as Python floats, candidate indices best first) of a parent's children at d."""
     got = edge_scores(d, parent, ids[d - 1], logps[d - 1])
     row = got.tolist() if isinstance(got, np.ndarray) else [float(x) for x in got]
@@ -102,7 +122,24 @@ def best_scored_prefixes(
     out: list[tuple[tuple[int, ...], float, float]] = []
     if k == 0 or m == 0 or budget == 0:
         return out
-    rows = {(): _edge_row(edge_scores, 1, int(root_token), ids, logps)}
+    if isinstance(edge_scores, EdgeGrid):
+        if len(edge_scores.rows) != k or len(edge_scores.rows[0][0]) != m:
+            raise ValueError(
+                f"edge grid: {len(edge_scores.rows)} depths of {len(edge_scores.rows[0][0])} "
+                f"candidates, the marginals have {k} of {m}"
+            )
+        grid_rows, grid_orders = edge_scores.rows, edge_scores.orders
+
+        def children(d: int, parent_index: int) -> tuple[list[float], list[int]]:
+            return grid_rows[d - 1][parent_index], grid_orders[d - 1][parent_index]
+    else:
+        fn = edge_scores
+
+        def children(d: int, parent_index: int) -> tuple[list[float], list[int]]:
+            parent = int(root_token) if d == 1 else int(ids[d - 2, parent_index])
+            return _edge_row(fn, d, parent, ids, logps)
+
+    rows = {(): children(1, 0)}
     first = rows[()][1][0]
     # entry: (-score, depth, positions, candidate indices, parent score)
     heap = [(-rows[()][0][first], 1, (0,), (first,), 0.0)]
@@ -115,9 +152,7 @@ def best_scored_prefixes(
             entry = (-(base + row[nxt]), depth, (*pos[:-1], pos[-1] + 1), (*cand[:-1], nxt), base)
             heapq.heappush(heap, entry)
         if depth < k:
-            rows[cand] = child_row, child_order = _edge_row(
-                edge_scores, depth + 1, int(ids[depth - 1, cand[-1]]), ids, logps
-            )
+            rows[cand] = child_row, child_order = children(depth + 1, cand[-1])
             c = child_order[0]
             heapq.heappush(heap, (-(-neg + child_row[c]), depth + 1, (*pos, 0), (*cand, c), -neg))
     return out

@@ -13,8 +13,9 @@ set to the same total mass as the marginals:
 
 so path scores stay sums of log-scores <= 0 and the heap stays exact. The parent at depth d - 1 is
 the root or one of the candidates at d - 1, so :meth:`EdgeScorer.for_round` scores every (parent,
-child) pair of a round in one vectorised call (K x m x m x h) and hands the heap Python lists to
-index (per-pop NumPy calls would cost more than the scoring).
+child) pair of a round in one vectorised call (K x m x m x h), sorts every parent's children in the
+same call, and hands the heap a ``decoder.ddtree.EdgeGrid`` of Python lists indexed by the parent's
+candidate index (per-pop NumPy calls, checks or sorts would cost more than the scoring).
 
 Files: ``edge_scorer.safetensors`` (float32 tensors parent_table (V, h), child_table (V, h),
 depth_table (K, h), w (h,)) and ``edge_scorer.json``, the manifest. :func:`load_edge_scorer`
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load, save
 
+from decoder.ddtree import EdgeGrid
 from decoder.files import replace_atomically
 
 SCHEMA_VERSION = "treegraft-edge-scorer/1"
@@ -101,33 +103,24 @@ class EdgeScorer:
         h = self.parent_table[parents][:, None, :] + self.child_table[children][None, :, :]
         return np.maximum(h + self.depth_table[depth - 1], 0.0) @ self.w + self.b0
 
-    def for_round(self, root_token: int, ids: np.ndarray, logps: np.ndarray) -> RoundEdges:
+    def for_round(self, root_token: int, ids: np.ndarray, logps: np.ndarray) -> EdgeGrid:
         """Edge scores of every (parent, child) pair of one round's candidate grid, in one pass."""
         k, m = ids.shape
         if k > self.k:
             raise ValueError(f"edge scorer: the drafter gives {k} positions, the scorer knows {self.k}")
         parents = np.concatenate([np.full((1, m), root_token), ids[:-1]])  # (K, m); depth 1: the root
-        hid = (
-            self.parent_table[parents][:, :, None, :]
-            + self.child_table[ids][:, None, :, :]
-            + self.depth_table[:k, None, None, :]
-        )  # (K, parent, child, h)
-        z = logps[:, None, :] + self.scale * (np.maximum(hid, 0.0) @ self.w + self.b0)  # (K, m, m)
+        # (K, parent, child, h), summed in place: parent + child, then + depth, then the ReLU
+        hid = self.parent_table[parents][:, :, None, :] + self.child_table[ids][:, None, :, :]
+        hid += self.depth_table[:k, None, None, :]
+        np.maximum(hid, 0.0, out=hid)
+        z = logps[:, None, :] + self.scale * (hid @ self.w + self.b0)  # (K, m, m)
         mass = np.minimum(np.logaddexp.reduce(logps, axis=1), 0.0)[:, None, None]
         edge = np.minimum(z - np.logaddexp.reduce(z, axis=2, keepdims=True) + mass, 0.0)
-        index = [{int(root_token): 0}] + [{int(t): i for i, t in enumerate(row)} for row in ids[:-1].tolist()]
-        return RoundEdges(edge.tolist(), index)
-
-
-@dataclass(frozen=True)
-class RoundEdges:
-    """decoder.ddtree.EdgeScores for one round: a lookup into the precomputed (parent, child) grid."""
-
-    rows: list[list[list[float]]]  # rows[d - 1][parent index][child index]
-    index: list[dict[int, int]]  # index[d - 1][parent token] -> parent index at depth d
-
-    def __call__(self, depth: int, parent: int, ids: np.ndarray, logps: np.ndarray) -> list[float]:
-        return self.rows[depth - 1][self.index[depth - 1][parent]]
+        if not np.isfinite(edge).all():
+            raise ValueError("edge scorer: non-finite edge scores (check the marginals' log-probs)")
+        # each parent's children by score, ties by rank: a stable sort of the negated scores
+        order = np.argsort(-edge, axis=2, kind="stable")
+        return EdgeGrid(edge.tolist(), order.tolist())
 
 
 def save_edge_scorer(folder: Path | str, scorer: EdgeScorer, pair_id: str, drafter_id: str) -> Path:

@@ -104,6 +104,36 @@ def test_a_scorer_with_f_zero_reproduces_the_marginal_tree_and_a_random_one_reor
     assert max(other.scores[1:]) <= 0
 
 
+def test_the_round_grid_builds_the_tree_that_scoring_each_parent_on_the_fly_builds() -> None:
+    """for_round scores and sorts the whole round once and the heap looks rows up by the parent's
+    candidate index; scoring each popped parent's children through f instead (the callable form,
+    looked up by the parent's token) must pop the same nodes with the same edge scores."""
+    rng = np.random.default_rng(11)
+    for trial in range(30):
+        k, m = 4, 5
+        scorer = random_scorer(rng, 60, k)
+        ids, logps = marginals(rng, k, m, 60)
+
+        def on_the_fly(d: int, parent: int, row_ids, row_logps, scorer=scorer) -> np.ndarray:
+            z = row_logps + scorer.scale * scorer.f(d, np.array([parent]), row_ids)[0]
+            mass = min(float(np.logaddexp.reduce(row_logps)), 0.0)
+            return np.minimum(z - np.logaddexp.reduce(z) + mass, 0.0)
+
+        budget = int(rng.integers(1, 60))
+        grid = build_ddtree(7, ids, logps, budget, edge_scores=scorer.for_round(7, ids, logps))
+        fly = build_ddtree(7, ids, logps, budget, edge_scores=on_the_fly)
+        assert tree_shape(grid) == tree_shape(fly), trial
+        np.testing.assert_allclose(grid.edge_logp, fly.edge_logp, atol=1e-9)
+
+
+def test_a_grid_of_another_shape_is_refused() -> None:
+    rng = np.random.default_rng(12)
+    ids, logps = marginals(rng, 4, 5, 60)
+    grid = random_scorer(rng, 60, 4).for_round(7, ids[:3], logps[:3])
+    with pytest.raises(ValueError, match="edge grid: 3 depths of 5 candidates, the marginals have 4 of 5"):
+        build_ddtree(7, ids, logps, 10, edge_scores=grid)
+
+
 @pytest.fixture()
 def saved(tmp_path: Path) -> tuple[Path, EdgeScorer]:
     scorer = random_scorer(np.random.default_rng(4), 40, 4)
