@@ -6,7 +6,9 @@ profile, every method, with ``priced_ci_low``/``priced_ci_high``); ``speedup`` i
 the methods decoded for real (null otherwise), with ``wall_ci_low``/``wall_ci_high`` and
 ``wall_priced_speedup`` (the same real runs' counts priced: the pricing check). The student's gain is
 measured against the better of the two fixed endpoints (All-Small, All-Mid) on the same cell, as in
-the paper, and against the best fixed schedule in hindsight. Rows become one polars frame (a later row
+the paper, and against the best fixed schedule in hindsight; so is the ``deployed`` row's (per pair,
+the student or the better endpoint, whichever the pair check on calibration prompts chose: a copy of
+that method's row with ``deployed_as``). Rows become one polars frame (a later row
 of the same cell and method replaces an earlier one); grouping and means are polars expressions.
 """
 
@@ -16,7 +18,8 @@ import polars as pl
 
 from collectors.plots import new_figure
 
-MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", "value-planner", "student")
+MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", "value-planner", "student", "deployed")
+LEARNED = ("student", "deployed")  # the rows whose gains are reported
 ABLATIONS = ("full", "no-eg", "overwrite", "cascade")
 CELL = ("pair_id", "dataset_id")
 
@@ -54,19 +57,20 @@ def _of(method: str, expr: pl.Expr) -> pl.Expr:
     return expr.filter(pl.col("method") == method).last()
 
 
-def cell_frame(rows: list[dict], key: str = "speedup") -> pl.DataFrame:
-    """One row per cell that has a student, in first-seen order: the endpoints' and the student's
-    ``key`` (``value_*``), the student's group, the cell's first row's group (``sort_group``), each
-    main method's (key, mean accepted length) and the gain."""
+def cell_frame(rows: list[dict], key: str = "speedup", learned: str = "student") -> pl.DataFrame:
+    """One row per cell that has a ``learned`` row (the student, or the deployed row), in first-seen
+    order: the endpoints' and its ``key`` (``value_*``; ``value_student`` is the learned row's), its
+    group, the cell's first row's group (``sort_group``), each main method's (key, mean accepted
+    length) and the gain."""
     return (
         result_frame(rows)
         .group_by(CELL, maintain_order=True)
         .agg(
             value_small=_of("all-small", pl.col(key)),
             value_mid=_of("all-mid", pl.col(key)),
-            value_student=_of("student", pl.col(key)),
+            value_student=_of(learned, pl.col(key)),
             value_best_fixed=_of("best-fixed", pl.col(key)),
-            group=_of("student", pl.col("group")),
+            group=_of(learned, pl.col("group")),
             sort_group=pl.col("group").first(),
             **{m: _of(m, pl.struct(key, "mean_accepted_length")) for m in MAIN_METHODS},
         )
@@ -84,11 +88,17 @@ def student_gains(rows: list[dict], key: str = "speedup") -> dict[str, list[floa
     return dict(per_group.iter_rows())
 
 
+def metric_prefix(key: str, learned: str = "student") -> str:
+    """The summary metrics' key prefix of a learned row's gains: ``priced_speedup.`` for the
+    student, ``deployed.priced_speedup.`` for the deployed row."""
+    return f"{key}." if learned == "student" else f"{learned}.{key}."
+
+
 def summary_metrics(rows: list[dict]) -> dict:
     out = {}
-    for key in ("speedup", "priced_speedup"):
+    for key, learned in ((k, m) for m in LEARNED for k in ("speedup", "priced_speedup")):
         stats = (
-            cell_frame(rows, key)
+            cell_frame(rows, key, learned)
             .group_by("group", maintain_order=True)
             .agg(
                 student_gain_mean=pl.col("gain").mean(),
@@ -100,7 +110,7 @@ def summary_metrics(rows: list[dict]) -> dict:
             )
         )
         for s in stats.iter_rows(named=True):
-            out[f"{key}.{s.pop('group').replace(' ', '_')}"] = s
+            out[metric_prefix(key, learned) + s.pop("group").replace(" ", "_")] = s
     for key in ("speedup", "priced_speedup"):
         means = dict(
             result_frame(rows)
@@ -116,12 +126,17 @@ def summary_metrics(rows: list[dict]) -> dict:
 
 def main_table(rows: list[dict], key: str = "priced_speedup") -> str:
     """Markdown: one line per cell, speedup over AR (mean accepted length) per method, the
-    student's 95% interval and its gain over the better endpoint and over the best fixed schedule."""
+    student's 95% interval and its gain over the better endpoint and over the best fixed schedule,
+    and the deployed row's gain over the better endpoint."""
     head = (
         "| pair | dataset | group | " + " | ".join(MAIN_METHODS)
-        + " | student 95% CI | vs better end | vs best fixed |"
+        + " | student 95% CI | vs better end | vs best fixed | deployed vs better end |"
     )  # fmt: skip
-    lines = [head, "|" + "---|" * (len(MAIN_METHODS) + 6)]
+    lines = [head, "|" + "---|" * (len(MAIN_METHODS) + 7)]
+    deployed = {
+        (c["pair_id"], c["dataset_id"]): c["gain"]
+        for c in cell_frame(rows, key, "deployed").iter_rows(named=True)
+    }
     low, high = (
         ("priced_ci_low", "priced_ci_high") if key == "priced_speedup" else ("wall_ci_low", "wall_ci_high")
     )
@@ -133,10 +148,12 @@ def main_table(rows: list[dict], key: str = "priced_speedup") -> str:
         lo, hi = ci.get((c["pair_id"], c["dataset_id"]), (None, None))
         interval = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "-"
         vs_best = f"{c['gain_best_fixed'] - 1:+.1%}" if c["gain_best_fixed"] is not None else "-"
+        gain_deployed = deployed.get((c["pair_id"], c["dataset_id"]))
+        vs_deployed = f"{gain_deployed - 1:+.1%}" if gain_deployed is not None else "-"
         lines.append(
             f"| {c['pair_id']} | {c['dataset_id']} | {c['group']} | "
             + " | ".join(vals)
-            + f" | {interval} | {c['gain'] - 1:+.1%} | {vs_best} |"
+            + f" | {interval} | {c['gain'] - 1:+.1%} | {vs_best} | {vs_deployed} |"
         )
     return "\n".join(lines)
 
@@ -147,7 +164,8 @@ def _cell(row: dict | None, key: str) -> str:
 
 def wall_table(rows: list[dict]) -> str:
     """Markdown: the methods decoded for real, wall-clock speedup with its 95% interval beside the
-    same runs priced (their counts x the profile): the check that the pricing matches the clock."""
+    same runs priced (their counts x the profile): the check that the pricing matches the clock.
+    The deployed rows copy a decoded method's row, so they are left out here."""
     head = (
         "| pair | dataset | method | prompts | wall clock | 95% CI | wall, decoding only "
         "| priced, same runs | priced / wall decoding |"
@@ -159,7 +177,8 @@ def wall_table(rows: list[dict]) -> str:
     rank = pl.col("method").replace_strict(
         {m: i for i, m in enumerate(MAIN_METHODS)}, default=len(MAIN_METHODS)
     )
-    table = frame.filter(pl.col("speedup").is_not_null() & pl.col("method").is_in(MAIN_METHODS))
+    decoded = pl.col("method").is_in(MAIN_METHODS) & (pl.col("method") != "deployed")
+    table = frame.filter(pl.col("speedup").is_not_null() & decoded)
     for r in table.sort("group", *CELL, rank).iter_rows(named=True):
         lines.append(
             f"| {r['pair_id']} | {r['dataset_id']} | {r['method']} | {r['wall_n_prompts']} | "

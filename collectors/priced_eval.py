@@ -199,3 +199,22 @@ def priced_cell(
     methods |= {n: _priced(n, "", per_policy[n], profile, True) for n in policies}
     return PricedCell(np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float), methods,
                       all_fixed[best].schedule)  # fmt: skip
+
+
+ENDPOINTS = ("all-small", "all-mid")
+
+
+def pair_check(cells: Sequence[PricedCell], learned: str = "student") -> dict:
+    """Which method a pair deploys: the learned policy where, over the pair's calibration cells
+    pooled (sum of AR ms over sum of the method's ms, every prompt of every cell), it prices
+    strictly faster than the better of All-Small and All-Mid; that endpoint otherwise (when unsure,
+    skip: a tie goes to the fixed schedule, which pays for no decisions).
+
+    Returns {"deploys": method, "prompts": n, "speedup": {method: pooled speedup}}."""
+    if not cells:
+        raise ValueError("pair_check: no calibration cells")
+    ar = sum(float(c.ar_ms.sum()) for c in cells)
+    speedup = {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in (*ENDPOINTS, learned)}
+    better = max(ENDPOINTS, key=lambda m: (speedup[m], m == ENDPOINTS[0]))
+    deploys = learned if speedup[learned] > speedup[better] else better
+    return {"deploys": deploys, "prompts": sum(len(c.tokens) for c in cells), "speedup": speedup}

@@ -23,13 +23,16 @@ from decoder.config import DecodeConfig
 Cell = tuple[str, str]  # (pair_id, dataset_id)
 
 
-def cell_inputs(params: Params, pair_id: str, dataset: str, pair, n_prompts: int) -> tuple:
-    """(questions, prompts, profile, runtimes) of an evaluate cell's first ``n_prompts`` prompts.
+def cell_inputs(
+    params: Params, pair_id: str, dataset: str, pair, n_prompts: int, start: int | None = None
+) -> tuple:
+    """(questions, prompts, profile, runtimes) of an evaluate cell's first ``n_prompts`` prompts
+    (questions from ``start``, by default ``evaluate.prompt_start``: the held-back ones).
 
     One runtime context per prompt, with that prompt's own length, as a decoder serving it sees.
     """
-    cfg = params.evaluate
-    spec = ReportSpec(pair_id, dataset, cfg.prompt_start, cfg.prompt_start + n_prompts)
+    first = params.evaluate.prompt_start if start is None else start
+    spec = ReportSpec(pair_id, dataset, first, first + n_prompts)
     questions, prompts = report_questions(params, spec, pair.tokenizer)
     profile = profile_for(params, pair_id)
     tree = pair_tree(params, pair_id)
@@ -42,16 +45,23 @@ def decode_config(params: Params, pair_id: str) -> DecodeConfig:
     return DecodeConfig(params.evaluate.max_new_tokens, 0.0, params.collect.seed, pair_tree(params, pair_id))
 
 
+# (first question, number of prompts) of a cell; None: the held-back evaluate prompts
+PromptRange = tuple[int, int] | None
+
+
 def priced_group(
-    params: Params, cells: Sequence[Cell], policies: Mapping[str, Callable], fixed: Mapping[str, str]
+    params: Params,
+    cells: Sequence[Cell],
+    policies: Mapping[str, Callable],
+    fixed: Mapping[str, str],
+    prompts_range: PromptRange = None,
 ) -> list[PricedCell]:
     """The priced cells of pairs sharing one target on one dataset, with one TargetMemo."""
+    start, n = (None, params.evaluate.prompts_per_cell) if prompts_range is None else prompts_range
     memo, out = TargetMemo(), []
     for pair_id, dataset in cells:
         pair = load_registered_pair(params, pair_id)
-        _, prompts, profile, runtime = cell_inputs(
-            params, pair_id, dataset, pair, params.evaluate.prompts_per_cell
-        )
+        _, prompts, profile, runtime = cell_inputs(params, pair_id, dataset, pair, n, start)
         config = decode_config(params, pair_id)
         cell = priced_cell(pair, prompts, config, profile, runtime, dict(policies), dict(fixed), memo=memo)
         out.append(cell)
@@ -100,12 +110,16 @@ def priced_cells(
     policies: Mapping[str, Callable],
     fixed: Mapping[str, str],
     progress: Callable[[int], object] | None = None,
+    prompts_range: PromptRange = None,
 ) -> dict[Cell, PricedCell]:
     """Every cell's PricedCell, computed in ``evaluate.workers`` processes (the costliest groups
-    first), in the order of ``cells``; ``progress(n_prompts)`` as each group finishes."""
+    first), in the order of ``cells``; ``progress(n_prompts)`` as each group finishes.
+    ``prompts_range``: (first question, count) of every cell, by default the held-back prompts."""
     groups = target_groups(params, cells)
     groups = [groups[i] for i in longest_first(params, groups)]
-    tasks = [Task("+".join(f"{p}/{d}" for p, d in g), (params, g, policies, fixed)) for g in groups]
+    tasks = [
+        Task("+".join(f"{p}/{d}" for p, d in g), (params, g, policies, fixed, prompts_range)) for g in groups
+    ]
 
     def done(task: Task, result: list[PricedCell]) -> None:
         if progress is not None:

@@ -37,7 +37,7 @@ from collectors.eval_report import (
 )
 from collectors.evaluation import evaluate_cell
 from collectors.plan import load_registered_pair, tree_config
-from collectors.priced_eval import bootstrap_speedup
+from collectors.priced_eval import ENDPOINTS, bootstrap_speedup, pair_check
 from collectors.priced_tasks import cell_inputs, decode_config, priced_cells
 from config.params import Params, resolve
 from decoder.config import Grafting, TreeConfig
@@ -60,6 +60,28 @@ def learned_policies(params: Params) -> dict[str, object]:
 
 
 FIXED_METHODS = {"all-small": "00000", "all-mid": "11111", "10101": "10101"}
+DEPLOYED = "deployed"  # per pair, the student or the better endpoint, by the pair check
+
+
+def pair_checks(params: Params, student) -> dict[str, dict]:
+    """Per evaluated pair, what it deploys (collectors.priced_eval.pair_check): the student against
+    All-Small and All-Mid, replayed and priced on the pair's calibration prompts, the collect slice
+    (collect.prompt_start, collect.prompts_per_report questions) of every fitting dataset. Never
+    the held-back prompts; for a collected pair these are the prompts its training states came
+    from, so the check leans towards the student; the held-out pair was never collected."""
+    cfg = params.evaluate
+    datasets = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
+    cells = [(p, d) for p in cfg.pairs for d in datasets]
+    prompts = (params.collect.prompt_start, params.collect.prompts_per_report)
+    endpoints = {m: FIXED_METHODS[m] for m in ENDPOINTS}
+    with tqdm(total=len(cells) * prompts[1], desc="evaluate (pair check)", unit="prompt") as bar:
+        priced = priced_cells(params, cells, {"student": student}, endpoints, bar.update, prompts)
+    out = {}
+    for pair_id in cfg.pairs:
+        out[pair_id] = pair_check([priced[(pair_id, d)] for d in datasets])
+        log.info("%s: the pair check deploys %s (%s)", pair_id, out[pair_id]["deploys"],
+                 ", ".join(f"{m} {v:.3f}x" for m, v in out[pair_id]["speedup"].items()))  # fmt: skip
+    return out
 
 
 def _priced_rows(cell, n_boot: int) -> dict[str, dict]:
@@ -114,11 +136,13 @@ def _wall_rows(params: Params, pair, questions, prompts, methods, config, runtim
     return rows, cell.answers
 
 
-def _evaluate_cells(params: Params, cells: list[tuple[str, str]], out: Path) -> list[dict]:
+def _evaluate_cells(
+    params: Params, cells: list[tuple[str, str]], out: Path, policies: dict, checks: dict[str, dict]
+) -> list[dict]:
     """Every cell's priced rows (in ``evaluate.workers`` processes), then, with no worker alive, the
-    wall-clock rows cell by cell in this process."""
+    wall-clock rows cell by cell in this process. Each cell also gets a ``deployed`` row: the row of
+    the method its pair's check deploys (``checks``), renamed, with ``deployed_as``."""
     cfg = params.evaluate
-    policies = learned_policies(params)
     with tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (priced replay)", unit="prompt") as bar:
         priced_by_cell = priced_cells(params, cells, policies, FIXED_METHODS, bar.update)
     rows, warm_pair = [], None
@@ -151,6 +175,8 @@ def _evaluate_cells(params: Params, cells: list[tuple[str, str]], out: Path) -> 
                 "wall_priced_speedup": w["priced_speedup"],  # the same counts priced, wall prompts only
                 "wall_n_prompts": n_wall,
             }  # fmt: skip
+        deploys = checks[pair_id]["deploys"]
+        by_method[DEPLOYED] = {**by_method[deploys], "method": DEPLOYED, "deployed_as": deploys}
         for row in by_method.values():
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
                        is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
@@ -203,13 +229,16 @@ def main(params: Params) -> dict:
     out = resolve(cfg.out_dir)
     depth = params.tree.depth
     with stage_run("evaluate", params):
-        rows = _evaluate_cells(params, [(p, d) for p in cfg.pairs for d in cfg.datasets], out)
+        policies = learned_policies(params)
+        checks = pair_checks(params, policies["student"])
+        cells = [(p, d) for p in cfg.pairs for d in cfg.datasets]
+        rows = _evaluate_cells(params, cells, out, policies, checks)
         ablations = _ablation_cells(
             params, [(p, d) for p in cfg.ablation.pairs for d in cfg.ablation.datasets]
         )
-        metrics = summary_metrics(rows)
+        metrics = {**summary_metrics(rows), "pair_check": checks}
         table, wall, abl = main_table(rows), wall_table(rows), ablation_table(ablations)
-        write_json(out / "results.json", {"main": rows, "ablations": ablations})
+        write_json(out / "results.json", {"main": rows, "ablations": ablations, "pair_check": checks})
         write_json(out / "metrics.json", metrics)
         (out / "table.md").write_text(table + "\n")
         (out / "wall.md").write_text(wall + "\n")

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from collectors.eval_report import metric_prefix
 from config.params import Params, load_params, resolve
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -37,11 +38,14 @@ def results_section(params: Params) -> str:
             "prompts.",
             _read(ev / "table.md"),
             gains_line(json.loads(_read(ev / "metrics.json")), "priced_speedup"),
+            pair_check_line(json.loads(_read(ev / "metrics.json"))),
+            gains_line(json.loads(_read(ev / "metrics.json")), "priced_speedup", "deployed"),
             "### Wall clock (the same methods decoded for real, side by side with autoregressive decoding)",
             f"The first {params.evaluate.wall_prompts_per_cell} prompts of each cell, every output checked "
             "token-identical to autoregressive decoding; 'priced, same runs' prices these runs' own counts.",
             _read(ev / "wall.md"),
             gains_line(json.loads(_read(ev / "metrics.json")), "speedup"),
+            gains_line(json.loads(_read(ev / "metrics.json")), "speedup", "deployed"),
             "![speedup per method and pair](artifacts/evaluate/speedup.png)",
             "### Verification budget per pair (`budget` stage, collect prompts)",
             "All-Small and All-Mid replayed exactly under every budget B in 1..63 and priced over AR; "
@@ -158,13 +162,30 @@ def student_table(cells: list[dict], main: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def gains_line(metrics: dict, key: str = "priced_speedup") -> str:
-    """The student's gain over the better endpoint per group of cells (mean, best, worst), and the
-    share of cells where it is at least the best fixed schedule in hindsight."""
+def pair_check_line(metrics: dict) -> str:
+    """What each pair deploys, with the pooled priced speedups on its calibration prompts."""
+    parts = [
+        f"{pair_id} {c['deploys']} (" + ", ".join(f"{m} {v:.2f}x" for m, v in c["speedup"].items()) + ")"
+        for pair_id, c in metrics.get("pair_check", {}).items()
+    ]
+    return (
+        "Pair check (the `deployed` column): per pair, the student where it prices strictly faster "
+        "than the better of All-Small and All-Mid on the pair's calibration prompts (the collect slice "
+        "of the fitting datasets, never the held-back prompts), that endpoint otherwise: "
+        + "; ".join(parts)
+        + "."
+    )
+
+
+def gains_line(metrics: dict, key: str = "priced_speedup", learned: str = "student") -> str:
+    """The learned row's (the student's, or the deployed row's) gain over the better endpoint per
+    group of cells (mean, best, worst), and the share of cells where it is at least the best fixed
+    schedule in hindsight."""
     parts = []
+    prefix = metric_prefix(key, learned)
     for name, stats in sorted(metrics.items()):
-        if name.startswith(key + "."):
-            group = name.removeprefix(key + ".").replace("_", " ")
+        if name.startswith(prefix):
+            group = name.removeprefix(prefix).replace("_", " ")
             part = (
                 f"{group} ({stats['n_cells']} cells): mean {stats['student_gain_mean'] - 1:+.1%}, "
                 f"best {stats['student_gain_best'] - 1:+.1%}, worst {stats['student_gain_worst'] - 1:+.1%}"
@@ -173,7 +194,8 @@ def gains_line(metrics: dict, key: str = "priced_speedup") -> str:
                 part += f", >= best fixed on {stats['student_at_least_best_fixed']:.0%} of cells"
             parts.append(part)
     label = "priced" if key == "priced_speedup" else "wall clock"
-    return f"Student vs the better of All-Small and All-Mid, {label}: " + "; ".join(parts) + "."
+    who = "Student" if learned == "student" else "Deployed (the pair check's choice)"
+    return f"{who} vs the better of All-Small and All-Mid, {label}: " + "; ".join(parts) + "."
 
 
 def update(readme: Path, section: str) -> None:

@@ -71,9 +71,13 @@ def test_main_table_sorted_by_group_then_cell():
         ["| a", "x", "held-out pair and task"],
         ["| b", "y", "held-out task"],
     ]
-    assert lines[2].endswith("| 0.50x (1.50) | 1.00x (1.50) | - | - | - | 1.50x (1.50) | - | +50.0% | - |")
+    assert lines[2].endswith(
+        "| 0.50x (1.50) | 1.00x (1.50) | - | - | - | 1.50x (1.50) | - | - | +50.0% | - | - |"
+    )
     priced = main_table(ROWS).splitlines()[2:]  # the default: priced speedup, twice the wall here
-    assert priced[2].endswith("| 1.00x (1.50) | 2.00x (1.50) | - | - | - | 3.00x (1.50) | - | +50.0% | - |")
+    assert priced[2].endswith(
+        "| 1.00x (1.50) | 2.00x (1.50) | - | - | - | 3.00x (1.50) | - | - | +50.0% | - | - |"
+    )
 
 
 def test_student_against_the_best_fixed_schedule_and_its_interval():
@@ -87,8 +91,34 @@ def test_student_against_the_best_fixed_schedule_and_its_interval():
     m = summary_metrics(rows)
     assert m["priced_speedup.fitting"]["student_at_least_best_fixed"] == pytest.approx(0.5)
     lines = main_table(rows).splitlines()[2:]
-    assert lines[0].endswith("| [2.10, 2.70] | +20.0% | -4.0% |")
-    assert lines[1].endswith("| - | +30.0% | +4.0% |")
+    assert lines[0].endswith("| [2.10, 2.70] | +20.0% | -4.0% | - |")
+    assert lines[1].endswith("| - | +30.0% | +4.0% | - |")
+
+
+def _deployed(row: dict) -> dict:
+    return {**row, "method": "deployed", "deployed_as": row["method"]}
+
+
+def test_the_deployed_row_has_gains_of_its_own_beside_the_students():
+    """Cell x: the pair check deployed All-Small, so the deployed row gains 0% where the student
+    loses 10%; cell y: it deployed the student, so both gain 30%."""
+    x, y = _cell("a", "x", 0.9), _cell("a", "y", 1.3)
+    rows = [*x, _deployed(x[0]), *y, _deployed(y[2])]
+    m = summary_metrics(rows)
+    assert m["speedup.fitting"]["student_gain_worst"] == pytest.approx(0.9)
+    assert m["deployed.speedup.fitting"]["student_gain_worst"] == pytest.approx(1.0)
+    assert m["deployed.speedup.fitting"]["student_gain_mean"] == pytest.approx((1.0 + 1.3) / 2)
+    assert m["deployed.priced_speedup.fitting"]["n_cells"] == 2
+    lines = main_table(rows, "speedup").splitlines()[2:]
+    assert lines[0].endswith("| 0.90x (1.50) | 1.00x (1.50) | - | -10.0% | - | +0.0% |")
+    assert lines[1].endswith("| 1.30x (1.50) | 1.30x (1.50) | - | +30.0% | - | +30.0% |")
+
+
+def test_wall_table_leaves_out_the_deployed_copies():
+    student = {**_row("a", "x", "student", 1.2), "wall_ci_low": 1.0, "wall_ci_high": 1.4,
+               "wall_decode_speedup": 1.25, "wall_priced_speedup": 1.375, "wall_n_prompts": 3}  # fmt: skip
+    lines = wall_table([student, _deployed(student)]).splitlines()
+    assert lines[2:] == ["| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.25x | 1.38x | 1.10 |"]
 
 
 def test_wall_table_sets_the_real_runs_beside_their_pricing():
