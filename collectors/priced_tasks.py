@@ -49,6 +49,20 @@ def decode_config(params: Params, pair_id: str) -> DecodeConfig:
 PromptRange = tuple[int, int] | None
 
 
+def calibration_range(collect_start: int, per_report: int, held_back_start: int) -> tuple[int, int]:
+    """(first question, count) of the pair check's calibration prompts: the ``per_report`` questions
+    right after the collect slice [collect_start, collect_start + per_report), so no training state
+    came from them, and ending at or before the held-back prompts (``held_back_start``), so those
+    stay unseen. A ValueError names the overlap otherwise."""
+    start = collect_start + per_report
+    if start + per_report > held_back_start:
+        raise ValueError(
+            f"pair check: calibration questions [{start}, {start + per_report}) after the collect slice "
+            f"reach the held-back prompts from evaluate.prompt_start={held_back_start}"
+        )
+    return start, per_report
+
+
 def priced_group(
     params: Params,
     cells: Sequence[Cell],

@@ -38,7 +38,7 @@ from collectors.eval_report import (
 from collectors.evaluation import evaluate_cell
 from collectors.plan import load_registered_pair, tree_config
 from collectors.priced_eval import ENDPOINTS, bootstrap_speedup, pair_check
-from collectors.priced_tasks import cell_inputs, decode_config, priced_cells
+from collectors.priced_tasks import calibration_range, cell_inputs, decode_config, priced_cells
 from config.params import Params, resolve
 from decoder.config import Grafting, TreeConfig
 from decoder.measure import Method
@@ -65,14 +65,16 @@ DEPLOYED = "deployed"  # per pair, the student or the better endpoint, by the pa
 
 def pair_checks(params: Params, student) -> dict[str, dict]:
     """Per evaluated pair, what it deploys (collectors.priced_eval.pair_check): the student against
-    All-Small and All-Mid, replayed and priced on the pair's calibration prompts, the collect slice
-    (collect.prompt_start, collect.prompts_per_report questions) of every fitting dataset. Never
-    the held-back prompts; for a collected pair these are the prompts its training states came
-    from, so the check leans towards the student; the held-out pair was never collected."""
+    All-Small and All-Mid, replayed and priced on the pair's calibration prompts, the
+    collect.prompts_per_report questions right after the collect slice, of every fitting dataset
+    (collectors.priced_tasks.calibration_range): no training state came from them, and they end
+    before the held-back prompts."""
     cfg = params.evaluate
     datasets = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
     cells = [(p, d) for p in cfg.pairs for d in datasets]
-    prompts = (params.collect.prompt_start, params.collect.prompts_per_report)
+    prompts = calibration_range(
+        params.collect.prompt_start, params.collect.prompts_per_report, cfg.prompt_start
+    )
     endpoints = {m: FIXED_METHODS[m] for m in ENDPOINTS}
     with tqdm(total=len(cells) * prompts[1], desc="evaluate (pair check)", unit="prompt") as bar:
         priced = priced_cells(params, cells, {"student": student}, endpoints, bar.update, prompts)

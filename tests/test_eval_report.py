@@ -12,6 +12,7 @@ from collectors.eval_report import (
     summary_metrics,
     wall_table,
 )
+from collectors.priced_tasks import calibration_range
 
 
 def _row(pair, dataset, method, speedup, held_pair=False, held_task=False, calls=(0.0, 1.0)):
@@ -156,3 +157,10 @@ def test_plot_rows():
         {"cell": "b/y", "step": 2, "mid_call_rate": 0.25},
     ]
     assert len(calls) == 2 * 4
+
+
+def test_the_calibration_prompts_follow_the_collect_slice_and_stop_before_the_held_back_ones():
+    assert calibration_range(0, 6, 40) == (6, 6)  # the default: questions 6-11, never collected
+    assert calibration_range(4, 3, 10) == (7, 3)  # ends exactly at the held-back start: allowed
+    with pytest.raises(ValueError, match=r"\[8, 11\) after the collect slice reach the held-back prompts"):
+        calibration_range(5, 3, 10)
