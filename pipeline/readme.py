@@ -170,10 +170,9 @@ def pair_check_line(metrics: dict) -> str:
     ]
     return (
         "Pair check (the `deployed` column): per pair, the student where it prices strictly faster "
-        "than the better of All-Small and All-Mid on the pair's calibration prompts (the collect slice "
-        "of the fitting datasets, never the held-back prompts), that endpoint otherwise: "
-        + "; ".join(parts)
-        + "."
+        "than the better of All-Small and All-Mid on the pair's calibration prompts (the questions "
+        "right after the collect slice, of the fitting datasets: neither trained on nor held back), "
+        "that endpoint otherwise; pooled calibration speedups: " + "; ".join(parts) + "."
     )
 
 
