@@ -35,7 +35,7 @@ from decoder.policies import FixedSchedule, parse_policy
 from decoder.tensors import QueryBlock, additive_mask, causal_block, compact_cache, forward_block
 from decoder.timing import zero_times
 from decoder.tree import DraftTree
-from decoder.verify import TopLogps, Verdict
+from decoder.verify import Prefill, TopLogps, Verdict
 
 
 def stdlib_token_ids(n: int, vocab: int = 4096) -> list[int]:
@@ -171,10 +171,12 @@ class TextVerifier:
             self.cache.update(torch.zeros(b, h, n, d), torch.zeros(b, h, n, d), i)
         self.flush.add_(1.0)  # read and write every byte
 
-    def prefill(self, prompt: list[int]) -> TopLogps:
-        n = len(prompt) - 1
+    def prefill(self, prompt: list[int]) -> Prefill:
+        n = len(prompt)
         self._grow(n)
-        return TopLogps(0, self.rows[:n], self.logps[:n])
+        logits = torch.zeros(max(self.text) + 1)
+        logits[self.text[n]] = 1.0  # the continuation's first token, as the target would pick it
+        return Prefill(TopLogps(0, self.rows[:n], self.logps[:n]), logits)
 
     def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict:
         prefix = self.cache.get_seq_length()

@@ -13,10 +13,9 @@ one also computes the target's top-m rows at every prompt position for the n-gra
 the last position's logits only); the speculative rounds split into root-only rounds (no draft: one
 target step) and rounds that verified a tree, with their median verify ms and accepted tokens; and
 AR's decode ms per step and its step count. What it answers: whether a slowdown against AR comes
-from failed drafts (tree rounds that accept nothing), from the prefill's rows, from root-only
-rounds costing more than an AR step, or from the loop's one round more than AR's steps (its prefill
-stops before the prompt's last token, which the first round verifies). Timing-sensitive: run it
-alone.
+from failed drafts (tree rounds that accept nothing), from the prefill's rows, or from root-only
+rounds costing more than an AR step. Both prefills run the whole prompt and yield the first new
+token, so the rounds and AR's steps cover the same tokens. Timing-sensitive: run it alone.
 """
 
 from __future__ import annotations

@@ -27,7 +27,15 @@ import numpy as np
 
 from collectors.branch_mid import committed_kv
 from collectors.latency import LatencyProfile, RoundCounts, fed_before_calls, price_ar, price_round
-from collectors.replay import Branch, BranchOutcome, Replayer, Walk, accepted_along, small_frontier
+from collectors.replay import (
+    Branch,
+    BranchOutcome,
+    Replayer,
+    Walk,
+    accepted_along,
+    first_round_start,
+    small_frontier,
+)
 from decoder.budget import budget_sweep, expected_gains, linear_cost, round_budget, saba_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
@@ -86,21 +94,22 @@ def sweep_prompt(
     ngram.commit(prompt)
     keys = [(s, b) for s in range(len(rep.schedules)) for b in budgets]
     walks = {k: Walk() for k in keys}
-    at: dict[int, list[tuple[int, int]]] = {len(prompt): list(keys)}
+    first, left = first_round_start(prompt), limit - 1  # the prefill yields the first token
+    at: dict[int, list[tuple[int, int]]] = {first: list(keys)} if left > 0 else {}
     seen = {}
-    for start in range(len(prompt), len(prompt) + limit):
+    for start in range(first, len(prompt) + limit):
         ngram.commit(text[len(ngram.index.tokens) : start])
         context = committed_kv(mid_kv, start - 1) if mid_kv is not None else None
         outcomes = rep._all_schedules(builder, context, text, start, set(rep.schedules))
         seen[start] = outcomes
         for s, b in at.pop(start, []):
-            nxt = walks[s, b].advance(outcomes[s].at(b), start, limit, rep.schedules[s])
+            nxt = walks[s, b].advance(outcomes[s].at(b), start, left, rep.schedules[s])
             if nxt is not None:
                 at.setdefault(nxt, []).append((s, b))
     emitted = {w.emitted for w in walks.values()}
-    if emitted != {limit} or at:
-        raise RuntimeError(f"trajectories emitted {sorted(emitted)} tokens, expected {limit}")
-    return walks, seen, limit
+    if emitted != {left} or at:
+        raise RuntimeError(f"trajectories emitted {sorted(emitted)} tokens, expected {left}")
+    return walks, seen, left
 
 
 def priced_ms(profile: LatencyProfile, walk: Walk) -> float:
@@ -265,11 +274,12 @@ def sweep_pair(
         if check is not None and i == 0:
             check(rep, prompt, walks)
         ar_ms += price_ar(profile, limit)
-        end = len(prompt) + limit
+        first = first_round_start(prompt)
+        end = first + limit
         for s in range(len(names)):
             every[s] += [(o[s], end - start) for start, o in seen.items()]
-            starts[s].append((len(prompt), limit, {start: o[s] for start, o in seen.items()}))
-            start = len(prompt)
+            starts[s].append((first, limit, {start: o[s] for start, o in seen.items()}))
+            start = first
             for r in walks[s, b_max].rounds:
                 on_max[s].append((seen[start][s], end - start))
                 start += r.emitted

@@ -80,7 +80,7 @@ def best_fixed_in_hindsight(pair: ModelPair, prompts: list[list[int]], config: D
 def priced_ms(result: GenerationResult, profile: LatencyProfile, policy: object) -> float:
     """Modelled decoding time of a generation under the profile (prefill excluded)."""
     if not result.rounds:
-        return price_ar(profile, len(result.new_tokens))
+        return price_ar(profile, result.decoded_tokens)
     fixed = isinstance(policy, FixedSchedule | str)
     total = 0.0
     for r in result.rounds:

@@ -28,7 +28,8 @@ class SignalRecorder:
 def execute_prompt(
     pair: ModelPair, prompt: list[int], bits: tuple[bool, ...], config: DecodeConfig
 ) -> tuple[list[RoundRecord], int]:
-    """Decode one prompt under a fixed schedule; return its rounds and the tokens it emitted."""
+    """Decode one prompt under a fixed schedule; return its rounds and the tokens they emitted (all but
+    the first, which the prefill yields)."""
     recorder = SignalRecorder(bits, config.tree.width)
     res = generate(pair, prompt, recorder, config)
     depth = len(bits)
@@ -51,4 +52,4 @@ def execute_prompt(
                 mid_lag=r.mid_lag,
             )
         )
-    return records, len(res.new_tokens)
+    return records, res.decoded_tokens

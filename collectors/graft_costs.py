@@ -121,7 +121,7 @@ def measure_costs(
         raise ValueError(f"build sizes must be positive node counts, got {list(sizes)}")
     verifier = TargetVerifier(pair.target, pair.vocab_size, 1, tuple(proposer.target_layers))
     with torch.inference_mode():
-        verifier.prefill(context)
+        verifier.prefill_context(context)
     feats = verifier.features
     marg = proposer.propose(feats, context, topk)
     root, ids, logps = context[-1], marg.ids, marg.logps

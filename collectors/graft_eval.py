@@ -14,7 +14,8 @@ Contract (temperature 0):
   position L of the continuation the drafter proposes from the target's features of the first
   L - 1 positions, DDTree is built once at b_max, and the one greedy check of that largest tree
   gives the accepted length under every B <= b_max (decoder.budget.budget_sweep: DDTree's pops at
-  B are the first B pops at b_max). Walking L -> L + A_B + 1 from the prompt's end is then the
+  B are the first B pops at b_max). Walking L -> L + A_B + 1 from the first round start (after the
+  prefill's token) is then the
   round sequence of decoding at B, which :func:`decode_arm` at the same B must reproduce
   (the stage records the agreement; tests/test_graft_eval.py checks it). With a TDES scorer the
   same holds: the edge-scored heap also pops in node order and prune(B) keeps its first B pops.
@@ -194,7 +195,7 @@ class BudgetWalker:
 
     def walk(self, choose) -> list[Round]:
         """Rounds from the prompt's end when each start's budget is choose(sweep, prev_accepted)."""
-        rounds, n, prev, end = [], self.prompt_len, 0, len(self.sequence)
+        rounds, n, prev, end = [], self.prompt_len + 1, 0, len(self.sequence)  # the prefill yields token 1
         while n < end:
             sw = self.start(n)
             b = choose(sw, prev)

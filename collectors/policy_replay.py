@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from collectors.branch_mid import BranchMid, batch_rescore, committed_kv
 from collectors.records import RoundRecord
-from collectors.replay import Branch, Replayer, ReplayInputs, Walk
+from collectors.replay import Branch, Replayer, ReplayInputs, Walk, first_round_start
 from decoder.construct import RoundBuilder
 from decoder.mid import TreeScores
 from decoder.policies import (
@@ -52,7 +52,10 @@ def replay_policy(
     ngram = replayer.ngram_with_rows(inputs.prompt, text)
     builder = RoundBuilder(cfg, ngram, None, lambda: 0.0)
     ngram.commit(inputs.prompt)
-    walk, start, bits = Walk(), len(inputs.prompt), []
+    walk, start, bits = Walk(), first_round_start(inputs.prompt), []
+    left = inputs.round_tokens
+    if left <= 0:
+        return PolicyTrajectory([], 0, [])
     while True:
         ngram.commit(text[len(ngram.index.tokens) : start])
         committed = text[:start]
@@ -73,7 +76,7 @@ def replay_policy(
             else:
                 builder.small_step(b.state, committed, k)
                 b = Branch((*b.bits, False), b.state, b.mid, b.calls, signals)
-        nxt = walk.advance(replayer.finish(b, text, start), start, inputs.limit, b.bits, decisions)
+        nxt = walk.advance(replayer.finish(b, text, start), start, left, b.bits, decisions)
         bits.append(b.bits)
         if nxt is None:
             return PolicyTrajectory(walk.rounds, walk.emitted, bits)

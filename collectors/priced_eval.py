@@ -181,12 +181,12 @@ def priced_cell(
             traj = replay_policy(replayer, inputs, policy, rt)
             per_policy[name].append((traj.rounds, traj.n_tokens, traj.bits))
         emitted = {rep.n_tokens[s] for s in range(len(schedules))} | {v[-1][1] for v in per_policy.values()}
-        if emitted != {inputs.limit}:
+        if emitted != {inputs.round_tokens}:
             raise RuntimeError(
-                f"replays emitted {sorted(emitted)} tokens, expected {inputs.limit} for every method"
+                f"replays emitted {sorted(emitted)} tokens, expected {inputs.round_tokens} for every method"
             )
-        tokens.append(inputs.limit)
-        ar_ms.append(price_ar(profile, inputs.limit))
+        tokens.append(inputs.round_tokens)  # both sides get the first token from the prefill
+        ar_ms.append(price_ar(profile, inputs.round_tokens))
         if progress is not None:
             progress()
     all_fixed = [

@@ -92,7 +92,7 @@ def _decode(
             RoundPrice(price_round(profile, counts_from_round(r)), 1e3 * sum(r.times.values()))
             for r in res.rounds
         ]
-        n_tokens = len(res.new_tokens)
+        n_tokens = res.decoded_tokens
     return Decoded(rounds, n_tokens, time.thread_time() - cpu0, time.perf_counter() - wall0)
 
 

@@ -14,12 +14,14 @@ depends only on the context and its path); every schedule is still charged for a
 real decoder would forward for it.
 
 Each schedule's trajectory then walks from start to start (L -> L + A + 1) through the memoised
-outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode.
+outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode. The
+first new token comes from the prefill (decoder/verify.py), so the first round starts after it.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from transformers import DynamicCache
@@ -63,11 +65,16 @@ class ReplayInputs:
     limit: int  # tokens to emit (max_new_tokens, or up to the first EOS)
     mid_kv: DynamicCache | None
 
+    @property
+    def round_tokens(self) -> int:
+        """Tokens the rounds emit: all but the first, which the prefill yields."""
+        return self.limit - 1
+
 
 @dataclass(frozen=True)
 class PromptReplay:
     rounds: dict[int, list[RoundRecord]]  # schedule id -> the trajectory's rounds
-    n_tokens: dict[int, int]
+    n_tokens: dict[int, int]  # tokens the rounds emitted (the prefill's first token excluded)
     starts: dict[int, list[BranchOutcome]]  # round-table starts: committed length -> all schedules
     start_lags: dict[int, int] = field(default_factory=dict)  # round-table start -> its mid lag
 
@@ -87,6 +94,11 @@ def small_frontier(tree: DraftTree, bits: tuple[bool, ...], width: int, sequenti
         if tree.alive[v] and step < len(created):
             created[step] += 1
     return sum(min(width, created[k - 1]) for k, mid in enumerate(bits, start=1) if not mid)
+
+
+def first_round_start(prompt: Sequence[int]) -> int:
+    """Committed tokens at a decode's first round: the prompt and the token its prefill yields."""
+    return len(prompt) + 1
 
 
 def arrival_lag(lags: list[int]) -> int:
@@ -152,15 +164,16 @@ class Replayer:
 
     def replay_prompt(self, prompt: list[int], inputs: ReplayInputs | None = None) -> PromptReplay:
         inputs = inputs or self.inputs(prompt)
-        text, limit, mid_kv = inputs.text, inputs.limit, inputs.mid_kv
+        text, mid_kv = inputs.text, inputs.mid_kv
         ngram = self.ngram_with_rows(prompt, text)
         builder = RoundBuilder(self.config.tree, ngram, None, lambda: 0.0)
-        p0 = len(prompt)
+        p0 = first_round_start(prompt)
         ngram.commit(prompt)
         starts: dict[int, list[BranchOutcome]] = {}
-        at: dict[int, list[int]] = {p0: list(range(len(self.schedules)))}
+        left = inputs.round_tokens
+        at: dict[int, list[int]] = {p0: list(range(len(self.schedules)))} if left > 0 else {}
         state = {s: Walk() for s in range(len(self.schedules))}
-        heap = [p0]
+        heap = [p0] if left > 0 else []
         visited = 0
         lags: dict[int, int] = {}
         while heap:
@@ -175,7 +188,7 @@ class Replayer:
                 starts[start] = outcomes  # type: ignore[assignment]
                 lags[start] = arrival_lag([state[s].lag_at(start) for s in at[start]])
             for s in at.pop(start):
-                nxt = state[s].advance(outcomes[s], start, limit, self.schedules[s])
+                nxt = state[s].advance(outcomes[s], start, left, self.schedules[s])
                 if nxt is not None:
                     if nxt not in at:
                         at[nxt] = []
@@ -189,8 +202,8 @@ class Replayer:
         """An n-gram drafter whose score cache holds the target's rows for every position."""
         cfg = self.config.tree
         verifier = TargetVerifier(self.pair.target, self.pair.vocab_size, cfg.topk)
-        head = verifier.prefill(prompt)
-        start = len(prompt) - 1
+        head = verifier.prefill(prompt).top
+        start = len(prompt)
         logits = forward_block(self.pair.target, verifier.cache, causal_block(text[start:-1], start, start))
         tail = top_logps(logits[:, : self.pair.vocab_size], cfg.topk, start)
         ngram = NgramDrafter.for_tree(cfg)
@@ -274,7 +287,7 @@ class Branch:
 class Walk:
     """One schedule's trajectory through the round starts, with execute mode's accounting."""
 
-    emitted: int = 0
+    emitted: int = 0  # tokens its rounds emitted (``limit`` in advance counts these only)
     mid_committed: int = 0  # committed tokens the mid drafter's cache would hold in execute mode
     rounds: list[RoundRecord] = field(default_factory=list)
 

@@ -20,6 +20,7 @@ from decoder.block import BlockProposer, Marginals
 from decoder.block_budget import first_nodes, rule_budget
 from decoder.config import BlockConfig, DecodeConfig
 from decoder.ddtree import EdgeScores, build_ddtree
+from decoder.device_rows import next_token
 from decoder.edge_scorer import EdgeScorer
 from decoder.models import ModelPair
 from decoder.outcome import GenerationResult, Output, RoundStats
@@ -60,9 +61,13 @@ def ddtree_generate(
     t_start = wall()
     layers = tuple(proposer.target_layers)
     verifier = TargetVerifier(pair.target, pair.vocab_size, config.tree.topk, layers)
-    verifier.prefill(prompt)
+    head = verifier.prefill(prompt)
     committed = list(prompt)
     out = Output(config.max_new_tokens, pair.eos_token_ids)
+    first = next_token(head.logits, config.temperature, rng)  # as the baseline's prefill yields it
+    out.emit([first])
+    if not out.done:
+        committed.append(first)
     prefill_s = wall() - t_start
     rounds: list[RoundStats] = []
     prev_accepted = 0

@@ -39,3 +39,11 @@ class TorchRow:
             raise ValueError("target distribution has no mass outside the rejected candidates")
         x = torch.tensor([u * total], dtype=cdf.dtype, device=cdf.device)
         return min(int(torch.searchsorted(cdf, x, right=True)[0]), len(p) - 1)
+
+
+def next_token(logits: torch.Tensor, temperature: float, rng: np.random.Generator) -> int:
+    """The target's next token from its logits row [V]: the argmax at temperature 0, else one draw
+    from softmax(logits / temperature) on the device (the autoregressive baseline's own rule)."""
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(TorchRow(torch.softmax(logits / temperature, dim=-1)).inverse_cdf((), rng.random()))

@@ -36,7 +36,7 @@ from decoder.block_proposers import CausalLMProposer
 from decoder.budget import verify_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
-from decoder.device_rows import TorchRow
+from decoder.device_rows import next_token
 from decoder.edge_scorer import EdgeScorer
 from decoder.mid import MidDrafter
 from decoder.models import ModelPair, check_supported, context_of
@@ -52,7 +52,6 @@ from decoder.policies import (
     start_generation,
     uses_mid,
 )
-from decoder.sampling import sample_token
 from decoder.tensors import causal_block, forward_block
 from decoder.timing import make_clock, no_clock, zero_times
 from decoder.verify import TargetVerifier, Verifier
@@ -204,11 +203,16 @@ def _speculative(
     ngram = NgramDrafter.for_tree(cfg)
     mid = MidDrafter(pair.mid, pair.vocab_size) if pair.mid is not None and uses_mid(scheduler) else None
     builder = RoundBuilder(cfg, ngram, mid, clock)
-    top = verifier.prefill(prompt)
+    head = verifier.prefill(prompt)
     ngram.commit(prompt)
-    ngram.cache.set_rows(top.start, top.tokens, top.logps)
+    ngram.cache.set_rows(head.top.start, head.top.tokens, head.top.logps)
     committed = list(prompt)
     out = Output(config.max_new_tokens, pair.eos_token_ids)
+    first = next_token(head.logits, config.temperature, rng)  # as the baseline's prefill yields it
+    out.emit([first])
+    if not out.done:
+        ngram.commit([first])
+        committed.append(first)
     prefill_s = wall() - t_start
     rounds: list[RoundStats] = []
     while not out.done:
@@ -276,10 +280,7 @@ def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> 
     out = Output(config.max_new_tokens, pair.eos_token_ids)
     pos = len(prompt)
     while True:
-        if config.temperature == 0:
-            token = int(logits.argmax())
-        else:
-            token = sample_token(TorchRow(torch.softmax(logits / config.temperature, dim=-1)), rng)
+        token = next_token(logits, config.temperature, rng)
         out.emit([token])
         if out.done:
             break

@@ -40,6 +40,12 @@ class GenerationResult:
     stopped_at_eos: bool
 
     @property
+    def decoded_tokens(self) -> int:
+        """Tokens after the first, which the prefill yields: what the rounds (or the baseline's
+        one-token steps) produced. Priced decoding time covers these."""
+        return max(0, len(self.new_tokens) - 1)
+
+    @property
     def tokens_per_s(self) -> float:
         return len(self.new_tokens) / self.wall_s if self.wall_s > 0 else 0.0
 

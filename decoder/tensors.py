@@ -172,6 +172,41 @@ def forward_top_logps_features(
     return vals, ids, layer_features(out.hidden_states, layers)
 
 
+@torch.inference_mode()
+def forward_prefill(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    block: QueryBlock,
+    vocab_size: int,
+    m: int,
+    layers: tuple[int, ...] = (),
+    chunk: int = PREFILL_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One forward over a causal block (a prompt): the top-m (log-probs, ids) of every query as in
+    forward_top_logps, the last query's fp32 next-token logits [V], and the hidden states at
+    `layers` ([q, L * H], None when no layers are asked).
+
+    The last row goes through the output head exactly as the model's own forward does with
+    logits_to_keep=1 (the [1, 1, H] slice, softcapping in the model's dtype, then fp32), so the
+    first token drawn from it is the autoregressive baseline's first token.
+    """
+    if chunk <= 0:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    if not block.is_causal or not block.tokens:
+        raise ValueError("a prefill block is a non-empty causal block")
+    _check_cache(cache, block)
+    body = model.get_decoder()
+    out = body(**_model_inputs(model, block), cache=cache, use_cache=True, output_hidden_states=bool(layers))
+    hidden = out.last_hidden_state
+    vals, ids = _top_logps_of(model, hidden[0], vocab_size, m, chunk)
+    last = model.get_output_embeddings()(hidden[:, -1:, :])
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        last = torch.tanh(last / cap) * cap
+    feats = layer_features(out.hidden_states, layers) if layers else None
+    return vals, ids, last[0, -1, :vocab_size].float(), feats
+
+
 def _top_logps_of(
     model: torch.nn.Module, hidden: torch.Tensor, vocab_size: int, m: int, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,10 @@
 """Target-side work: prefill, one tree-verification forward per round, KV compaction.
 
 Contract: the target's cache always holds the committed context except its last token (the root
-of the next tree). `verify` runs the root and the pruned tree in one forward with a 4D ancestor
+of the next tree). `prefill` runs the whole prompt, as the autoregressive baseline's prefill does,
+and hands back the logits after it: the first new token comes from the prefill, not from a round,
+so a speculative decode takes no more target forwards than the baseline for the same output.
+`verify` runs the root and the pruned tree in one forward with a 4D ancestor
 mask, picks the accepted path (greedy, or lossless rejection sampling at temperature > 0), keeps
 the KV of the root and the accepted path only, and hands back the target's top-m log-probs at
 those positions so the n-gram drafter's score cache stays fresh.
@@ -35,6 +38,7 @@ from decoder.tensors import (
     compact_cache,
     forward_block,
     forward_block_features,
+    forward_prefill,
     forward_top_logps,
     forward_top_logps_features,
 )
@@ -51,6 +55,15 @@ class TopLogps:
 
 
 @dataclass(frozen=True)
+class Prefill:
+    """What a prompt's prefill hands the loop: top-m rows of every prompt position (0..L-1) and the
+    target's fp32 next-token logits [V] after the whole prompt (the first new token's row)."""
+
+    top: TopLogps
+    logits: torch.Tensor
+
+
+@dataclass(frozen=True)
 class Verdict:
     """Outcome of one verification: accepted nodes of the verified tree, bonus token, fresh scores."""
 
@@ -62,7 +75,7 @@ class Verdict:
 class Verifier(Protocol):
     """What the speculative loop needs from the target side (TargetVerifier is the real one)."""
 
-    def prefill(self, prompt: list[int]) -> TopLogps: ...
+    def prefill(self, prompt: list[int]) -> Prefill: ...
 
     def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict: ...
 
@@ -97,9 +110,27 @@ class TargetVerifier:
     def n_cached(self) -> int:
         return self.cache.get_seq_length()
 
-    def prefill(self, prompt: list[int]) -> TopLogps:
-        """Cache all prompt tokens but the last; return top-m log-probs for positions 0..L-2."""
-        body = prompt[:-1]
+    def prefill(self, prompt: list[int]) -> Prefill:
+        """Cache the whole prompt; return its top-m rows (positions 0..L-1) and the logits after it.
+
+        The caller commits the first new token drawn from those logits; the cache then holds the
+        committed context except its last token, which roots the first round."""
+        if not prompt:
+            raise ValueError("the prompt is empty: a prefill needs at least one token")
+        block = causal_block(list(prompt), 0, 0)
+        layers = self.feature_layers if self._features is not None else ()
+        vals, ids, logits, feats = forward_prefill(
+            self.model, self.cache, block, self.vocab_size, self.topk, layers
+        )
+        if self._features is not None:
+            self._features.append(feats)
+        return Prefill(TopLogps(start=0, tokens=ids.tolist(), logps=vals.tolist()), logits)
+
+    def prefill_context(self, context: list[int]) -> TopLogps:
+        """Cache a reference context but its last token (the root of the trees the caller verifies
+        or times on it); return top-m log-probs for positions 0..L-2. For profiling and tests that
+        need a round on a given context, not for decoding (which uses `prefill`)."""
+        body = context[:-1]
         if not body:
             return TopLogps(start=0, tokens=[], logps=[])
         block = causal_block(body, 0, 0)

@@ -138,7 +138,7 @@ def test_node_rows_label_each_start_by_its_accepted_path(pair) -> None:
     walker = BudgetWalker(CausalLMProposer(pair.mid, pair.vocab_size, K), prompt, run.tokens, feats, 12, M,
                           pair.vocab_size)  # fmt: skip
     x, y = walker.node_rows(5)
-    n, prev, row = len(prompt), 0, 0
+    n, prev, row = len(prompt) + 1, 0, 0  # the first round starts after the prefill's token
     for r in walker.fixed(5):
         sw = walker.start(n)
         count = min(12, len(sw.tree) - 1)

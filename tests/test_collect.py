@@ -94,9 +94,10 @@ def test_collect_stage_rows_summary_and_second_run_resumes(finished):
         .group_by("report_id", "prompt_id")
         .first()
     )
-    # a prompt's first round starts after the prompt, with nothing in the mid drafter's cache yet
-    assert (firsts["start_position"] == firsts["prompt_tokens"]).all()
-    assert (firsts["mid_lag"] == firsts["prompt_tokens"] - 1).all()
+    # a prompt's first round starts after the prompt and the token its prefill yields, with nothing
+    # in the mid drafter's cache yet
+    assert (firsts["start_position"] == firsts["prompt_tokens"] + 1).all()
+    assert (firsts["mid_lag"] == firsts["prompt_tokens"]).all()
     assert metrics["n_reports"] == 2 and (out / "summary.md").read_text().count("| tiny__") == 2
     stamps = report_stamps(params)
     before = merged_bytes(params)

@@ -143,13 +143,13 @@ def test_accepted_counts_only_emitted_drafted_tokens():
     long = generate(twin, prompt, "all-mid", DecodeConfig(max_new_tokens=40, tree=tree))
     i = max(range(len(long.rounds) - 1), key=lambda j: long.rounds[j].accepted)
     assert long.rounds[i].accepted >= 2  # a deep round: cutting the budget inside it must bite
-    before = sum(r.emitted for r in long.rounds[:i])
+    before = 1 + sum(r.emitted for r in long.rounds[:i])  # the prefill's token, then the rounds'
     short = generate(twin, prompt, "all-mid", DecodeConfig(max_new_tokens=before + 1, tree=tree))
     assert short.new_tokens == long.new_tokens[: before + 1]
     assert [r.accepted for r in short.rounds[:-1]] == [r.accepted for r in long.rounds[:i]]
     assert short.rounds[-1].emitted == 1 and short.rounds[-1].accepted == 1
     for res in (long, short):
-        assert sum(r.emitted for r in res.rounds) == len(res.new_tokens)
+        assert sum(r.emitted for r in res.rounds) == len(res.new_tokens) - 1  # prefill: token 1
         assert all(r.accepted == r.emitted - 1 for r in res.rounds[:-1])
         assert res.rounds[-1].accepted <= res.rounds[-1].emitted
 

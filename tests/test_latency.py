@@ -344,7 +344,8 @@ def test_counts_from_real_rounds(pair, measured: LatencyProfile) -> None:
         assert counts.small_steps == len(rd.steps) - len(mids) == 2
         assert counts.decisions == len(rd.steps) == 5
         assert math.isfinite(price_round(measured, counts)) and price_round(measured, counts) > 0
-    assert res.rounds[0].steps[0].mid_catch_up == len(prompt) - 1  # the first call catches up
+    # the first call catches up on the prompt (the root is the prefill's token)
+    assert res.rounds[0].steps[0].mid_catch_up == len(prompt)
 
 
 def test_json_round_trip(tmp_path, measured: LatencyProfile) -> None:

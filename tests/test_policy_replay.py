@@ -49,7 +49,7 @@ def test_policy_replay_equals_real_decoding(arch: str) -> None:
         res = generate(pair, prompt, live, config, runtime=runtime)
         traj = replay_policy(replayer, replayer.inputs(prompt), replayed, runtime)
         assert replayed.log == live.log  # same questions, same answers, in the same order
-        assert traj.n_tokens == len(res.new_tokens)
+        assert traj.n_tokens == res.decoded_tokens == len(res.new_tokens) - 1
         assert len(traj.rounds) == len(res.rounds)
         for real, rep in zip(res.rounds, traj.rounds, strict=True):
             mids = [s for s in real.steps if s.used_mid]

@@ -66,7 +66,7 @@ def test_rows_price_exactly_the_decoded_rounds(setup) -> None:
     assert by["10101"].n_rounds == len(recs)
     want = sum(price_round(profile, replace(r.counts(), decisions=0)) for r in recs)
     assert by["10101"].priced_ms == pytest.approx(want)
-    assert by["10101"].n_tokens == 2 * 10
+    assert by["10101"].n_tokens == 2 * (10 - 1)  # the rounds' tokens: the prefill yields the first
     # A callable: generate's rounds, one decision per step.
     rounds = [r for p in prompts for r in generate(pair, p, mid_at_even_steps, config, runtime).rounds]
     assert by["even"].n_rounds == len(rounds)

@@ -46,7 +46,7 @@ def test_features_equal_a_fresh_forward_after_several_rounds(arch, layers):
     rng = random.Random(3)
     committed = [rng.randrange(1, 96) for _ in range(17)]
     verifier = TargetVerifier(model, 96, topk=4, feature_layers=layers)
-    verifier.prefill(committed)
+    verifier.prefill_context(committed)
     accepted_total = 0
     for _ in range(6):
         tree = greedy_tree(model, committed, rng)
@@ -75,7 +75,7 @@ def test_no_hidden_states_are_asked_for_when_no_layers_are(monkeypatch):
     body, body_forward = model.get_decoder(), model.get_decoder().forward
     monkeypatch.setattr(body, "forward", lambda *a, **kw: seen.append(kw) or body_forward(*a, **kw))
     verifier = TargetVerifier(model, 96, topk=4)
-    verifier.prefill(list(range(1, 12)))
+    verifier.prefill_context(list(range(1, 12)))
     verifier.verify(greedy_tree(model, list(range(1, 12)), random.Random(0)), 0.0, np.random.default_rng(0))
     assert verifier.features is None
     assert len(seen) >= 2 and not any(kw.get("output_hidden_states") for kw in seen)

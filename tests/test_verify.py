@@ -10,7 +10,10 @@ import torch
 from conftest import noisy_copy, tiny_model
 from transformers import DynamicCache
 
+from decoder.config import DecodeConfig
+from decoder.generate import generate
 from decoder.mid import MidDrafter
+from decoder.models import make_pair
 from decoder.tensors import QueryBlock, causal_block, forward_block
 from decoder.tree import DraftTree
 from decoder.verify import TargetVerifier
@@ -49,7 +52,7 @@ def test_compaction_leaves_the_cache_of_the_committed_text():
     model = tiny_model("llama", seed=4)
     prompt = list(range(1, 21))
     verifier = TargetVerifier(model, 96, topk=4)
-    verifier.prefill(prompt)
+    verifier.prefill_context(prompt)
     tree = random_tree(prompt[-1], 96, 30, seed=5)
     # Graft the target's own greedy chain so that several tokens get accepted.
     v = 0
@@ -87,3 +90,41 @@ def test_mid_rescoring_matches_sequential_and_reuses_tree_kv():
     drafter.end_round([tree.children[0][next(iter(tree.children[0]))]])
     assert drafter.n_committed == len(prompt) + 1
     assert drafter.cache.get_seq_length() == drafter.n_committed
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_prefill_caches_the_whole_prompt_and_yields_the_baselines_first_logits(arch):
+    model = tiny_model(arch, seed=31)
+    prompt = [random.Random(8).randrange(1, 96) for _ in range(23)]
+    verifier = TargetVerifier(model, 96, topk=5)
+    head = verifier.prefill(prompt)
+    assert verifier.n_cached == len(prompt)
+    # the autoregressive baseline's prefill: the model's own forward, last position only
+    ar = forward_block(model, DynamicCache(), causal_block(prompt, 0, 0), logits_to_keep=1)[-1]
+    assert torch.equal(head.logits, ar)
+    full = torch.log_softmax(forward_block(model, DynamicCache(), causal_block(prompt, 0, 0)), dim=-1)
+    vals, ids = torch.topk(full, k=5, dim=-1)
+    assert head.top.start == 0 and len(head.top.tokens) == len(prompt)
+    assert head.top.tokens == ids.tolist()
+    torch.testing.assert_close(torch.tensor(head.top.logps), vals, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["all-small", "10101"])
+def test_a_speculative_decode_takes_one_target_forward_per_round_plus_the_prefill(monkeypatch, policy):
+    """The first new token comes from the prefill, as in the baseline: a decode of n tokens with r
+    rounds runs the target's body 1 + r times, and a one-token decode runs no round at all."""
+    target = tiny_model("llama", seed=32)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=33), eos_token_ids=())
+    body = target.get_decoder()
+    calls = []
+    forward = body.forward
+    monkeypatch.setattr(body, "forward", lambda *a, **kw: calls.append(1) or forward(*a, **kw))
+    prompt = [random.Random(9).randrange(1, 96) for _ in range(17)]
+    ar = generate(pair, prompt, "ar", DecodeConfig(max_new_tokens=12))
+    calls.clear()
+    res = generate(pair, prompt, policy, DecodeConfig(max_new_tokens=12))
+    assert res.new_tokens == ar.new_tokens
+    assert len(calls) == 1 + len(res.rounds)
+    assert sum(r.emitted for r in res.rounds) == 11
+    one = generate(pair, prompt, policy, DecodeConfig(max_new_tokens=1))
+    assert one.new_tokens == ar.new_tokens[:1] and one.rounds == []
