@@ -27,19 +27,12 @@ import numpy as np
 
 from collectors.branch_mid import committed_kv
 from collectors.latency import LatencyProfile, RoundCounts, fed_before_calls, price_ar, price_round
-from collectors.replay import (
-    Branch,
-    BranchOutcome,
-    Replayer,
-    Walk,
-    accepted_along,
-    first_round_start,
-    small_frontier,
-)
+from collectors.replay import Branch, BranchOutcome, Replayer, Walk, accepted_along, small_frontier
 from decoder.budget import budget_sweep, expected_gains, linear_cost, round_budget, saba_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
 from decoder.models import ModelPair
+from decoder.outcome import first_round_start
 
 
 @dataclass(frozen=True)
@@ -94,7 +87,7 @@ def sweep_prompt(
     ngram.commit(prompt)
     keys = [(s, b) for s in range(len(rep.schedules)) for b in budgets]
     walks = {k: Walk() for k in keys}
-    first, left = first_round_start(prompt), limit - 1  # the prefill yields the first token
+    first, left = first_round_start(prompt), inputs.round_tokens
     at: dict[int, list[tuple[int, int]]] = {first: list(keys)} if left > 0 else {}
     seen = {}
     for start in range(first, len(prompt) + limit):

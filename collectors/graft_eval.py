@@ -43,6 +43,7 @@ from decoder.ddtree import build_ddtree
 from decoder.edge_scorer import EdgeScorer
 from decoder.generate import generate
 from decoder.models import ModelPair
+from decoder.outcome import first_round_start
 from decoder.tensors import layer_features
 from decoder.tree import DraftTree
 
@@ -168,7 +169,7 @@ class BudgetWalker:
     ) -> None:
         self.proposer, self.features, self.b_max, self.topk = proposer, features, b_max, topk
         self.vocab_size, self.scorer = vocab_size, scorer
-        self.prompt_len = len(prompt)
+        self.first_start = first_round_start(prompt)
         self.sequence = list(prompt) + list(tokens)
         self.proposals = {} if proposals is None else proposals
         self._sweeps: dict[int, StartSweep] = {}
@@ -195,7 +196,7 @@ class BudgetWalker:
 
     def walk(self, choose) -> list[Round]:
         """Rounds from the prompt's end when each start's budget is choose(sweep, prev_accepted)."""
-        rounds, n, prev, end = [], self.prompt_len + 1, 0, len(self.sequence)  # the prefill yields token 1
+        rounds, n, prev, end = [], self.first_start, 0, len(self.sequence)
         while n < end:
             sw = self.start(n)
             b = choose(sw, prev)

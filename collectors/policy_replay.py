@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 from collectors.branch_mid import BranchMid, batch_rescore, committed_kv
 from collectors.records import RoundRecord
-from collectors.replay import Branch, Replayer, ReplayInputs, Walk, first_round_start
+from collectors.replay import Branch, Replayer, ReplayInputs, Walk
 from decoder.construct import RoundBuilder
 from decoder.mid import TreeScores
+from decoder.outcome import first_round_start
 from decoder.policies import (
     BuildState,
     RuntimeContext,

@@ -21,7 +21,6 @@ first new token comes from the prefill (decoder/verify.py), so the first round s
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from transformers import DynamicCache
@@ -36,6 +35,7 @@ from decoder.generate import generate
 from decoder.mid import TreeScores
 from decoder.models import ModelPair
 from decoder.ngram import NgramDrafter
+from decoder.outcome import first_round_start
 from decoder.policies import BuildState
 from decoder.state import tree_signals
 from decoder.tensors import causal_block, forward_block
@@ -94,11 +94,6 @@ def small_frontier(tree: DraftTree, bits: tuple[bool, ...], width: int, sequenti
         if tree.alive[v] and step < len(created):
             created[step] += 1
     return sum(min(width, created[k - 1]) for k, mid in enumerate(bits, start=1) if not mid)
-
-
-def first_round_start(prompt: Sequence[int]) -> int:
-    """Committed tokens at a decode's first round: the prompt and the token its prefill yields."""
-    return len(prompt) + 1
 
 
 def arrival_lag(lags: list[int]) -> int:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from decoder.sampling import sample_token
+
 
 class TorchRow:
     """A decoder.sampling.ProbRow over a 1-D tensor on any device."""
@@ -46,4 +48,4 @@ def next_token(logits: torch.Tensor, temperature: float, rng: np.random.Generato
     from softmax(logits / temperature) on the device (the autoregressive baseline's own rule)."""
     if temperature == 0:
         return int(logits.argmax())
-    return int(TorchRow(torch.softmax(logits / temperature, dim=-1)).inverse_cdf((), rng.random()))
+    return sample_token(TorchRow(torch.softmax(logits / temperature, dim=-1)), rng)

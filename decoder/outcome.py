@@ -6,12 +6,18 @@ rounds the same way and stops right after the first EOS or at max_new_tokens, ne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from decoder.construct import StepRecord
 from decoder.timing import zero_times
+
+
+def first_round_start(prompt: Sequence[int]) -> int:
+    """Committed tokens at a decode's first round: the prompt and the token its prefill yields."""
+    return len(prompt) + 1
 
 
 @dataclass(frozen=True)

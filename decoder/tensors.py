@@ -131,48 +131,6 @@ def forward_block_features(
 
 
 @torch.inference_mode()
-def forward_top_logps(
-    model: torch.nn.Module,
-    cache: DynamicCache,
-    block: QueryBlock,
-    vocab_size: int,
-    m: int,
-    chunk: int = PREFILL_CHUNK,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the block; return the top-m next-token (log-probs, ids), each [q, m], of every query.
-
-    The model's body runs once; its output head is applied `chunk` positions at a time, so memory
-    is O(chunk x V) and the full [q, V] logits (or fp32 log-softmax over them) never exist.
-    """
-    if chunk <= 0:
-        raise ValueError(f"chunk must be positive, got {chunk}")
-    _check_cache(cache, block)
-    body = model.get_decoder()
-    out = body(**_model_inputs(model, block), cache=cache, use_cache=True)
-    return _top_logps_of(model, out.last_hidden_state[0], vocab_size, m, chunk)
-
-
-@torch.inference_mode()
-def forward_top_logps_features(
-    model: torch.nn.Module,
-    cache: DynamicCache,
-    block: QueryBlock,
-    vocab_size: int,
-    m: int,
-    layers: tuple[int, ...],
-    chunk: int = PREFILL_CHUNK,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """forward_top_logps that also returns the hidden states at `layers`, [q, L * H]."""
-    if chunk <= 0:
-        raise ValueError(f"chunk must be positive, got {chunk}")
-    _check_cache(cache, block)
-    body = model.get_decoder()
-    out = body(**_model_inputs(model, block), cache=cache, use_cache=True, output_hidden_states=True)
-    vals, ids = _top_logps_of(model, out.last_hidden_state[0], vocab_size, m, chunk)
-    return vals, ids, layer_features(out.hidden_states, layers)
-
-
-@torch.inference_mode()
 def forward_prefill(
     model: torch.nn.Module,
     cache: DynamicCache,
@@ -182,9 +140,13 @@ def forward_prefill(
     layers: tuple[int, ...] = (),
     chunk: int = PREFILL_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One forward over a causal block (a prompt): the top-m (log-probs, ids) of every query as in
-    forward_top_logps, the last query's fp32 next-token logits [V], and the hidden states at
+    """One forward over a causal block (a prompt): the top-m next-token (log-probs, ids) of every
+    query, each [q, m]; the last query's fp32 next-token logits [V]; and the hidden states at
     `layers` ([q, L * H], None when no layers are asked).
+
+    The model's body runs once; its output head is applied `chunk` positions at a time for the
+    top-m rows, so memory is O(chunk x V) and the full [q, V] logits (or fp32 log-softmax over
+    them) never exist.
 
     The last row goes through the output head exactly as the model's own forward does with
     logits_to_keep=1 (the [1, 1, H] slice, softcapping in the model's dtype, then fp32), so the
@@ -199,12 +161,16 @@ def forward_prefill(
     out = body(**_model_inputs(model, block), cache=cache, use_cache=True, output_hidden_states=bool(layers))
     hidden = out.last_hidden_state
     vals, ids = _top_logps_of(model, hidden[0], vocab_size, m, chunk)
-    last = model.get_output_embeddings()(hidden[:, -1:, :])
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        last = torch.tanh(last / cap) * cap
+    last = _softcap(model, model.get_output_embeddings()(hidden[:, -1:, :]))
     feats = layer_features(out.hidden_states, layers) if layers else None
     return vals, ids, last[0, -1, :vocab_size].float(), feats
+
+
+def _softcap(model: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
+    """The model's final-logit softcapping (Gemma-style), as its own forward applies it; none set:
+    the logits unchanged."""
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def _top_logps_of(
@@ -212,13 +178,10 @@ def _top_logps_of(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-m (log-probs, ids) of the output head over `hidden`, `chunk` rows at a time."""
     head = model.get_output_embeddings()
-    cap = getattr(model.config, "final_logit_softcapping", None)
     k = min(m, vocab_size)
     vals, ids = [], []
     for s in range(0, hidden.shape[0], chunk):
-        logits = head(hidden[s : s + chunk])[:, :vocab_size].float()
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
+        logits = _softcap(model, head(hidden[s : s + chunk])[:, :vocab_size].float())
         top, idx = torch.topk(logits, k=k, dim=-1)
         vals.append(top - torch.logsumexp(logits, dim=-1, keepdim=True))
         ids.append(idx)

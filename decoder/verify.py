@@ -39,8 +39,6 @@ from decoder.tensors import (
     forward_block,
     forward_block_features,
     forward_prefill,
-    forward_top_logps,
-    forward_top_logps_features,
 )
 from decoder.tree import DraftTree
 
@@ -130,18 +128,9 @@ class TargetVerifier:
         """Cache a reference context but its last token (the root of the trees the caller verifies
         or times on it); return top-m log-probs for positions 0..L-2. For profiling and tests that
         need a round on a given context, not for decoding (which uses `prefill`)."""
-        body = context[:-1]
-        if not body:
+        if len(context) < 2:
             return TopLogps(start=0, tokens=[], logps=[])
-        block = causal_block(body, 0, 0)
-        if self._features is None:
-            vals, ids = forward_top_logps(self.model, self.cache, block, self.vocab_size, self.topk)
-        else:
-            vals, ids, feats = forward_top_logps_features(
-                self.model, self.cache, block, self.vocab_size, self.topk, self.feature_layers
-            )
-            self._features.append(feats)
-        return TopLogps(start=0, tokens=ids.tolist(), logps=vals.tolist())
+        return self.prefill(context[:-1]).top
 
     def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict:
         """One forward over root + tree; accept, compact the cache, return the verdict."""

@@ -17,12 +17,12 @@ from test_latency import linear_profile
 from collectors.execute import execute_prompt
 from collectors.latency import price_round
 from collectors.records import runtime_for
-from collectors.replay import first_round_start
 from collectors.report import ReportSpec, collect_report
 from config.params import TrainConfig
 from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
+from decoder.outcome import first_round_start
 from decoder.policies import schedule_bits
 from decoder.scheduler import build_manifest, load_scheduler, write_artifact
 from decoder.state import CONTEXT_NAMES, history_names, state_feature_names
