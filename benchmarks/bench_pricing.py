@@ -3,7 +3,8 @@
 Usage:
     .venv/bin/python benchmarks/bench_pricing.py [--pairs zoo-m] [--profile-dir artifacts/profile]
         [--policies 00000 11111 10101] [--student artifacts/export/student] [--prompts 4]
-        [--max-new-tokens 64] [--threads 2] [--out artifacts/bench/pricing.json]
+        [--max-new-tokens 64] [--threads 2] [--pair-trees] [--components] [--cpu-clock]
+        [--out artifacts/bench/pricing.json]
 
 Per pair: the latency profile (read from --profile-dir/<pair>.json, or measured now with the
 `profile` stage's settings), then collectors.pricing_check.check_pricing decodes every prompt for
@@ -12,7 +13,9 @@ generate with its runtime context) and prints priced / measured over all rounds 
 spread. The goal is 0.90-1.10 for every pair and policy. On a shared machine the wall clock also
 counts other processes' time (see the "cpu share" column); --cpu-clock times the rounds by CPU
 time instead, which checks the cost model itself. `tiny` (built on the spot) stands in when
-the zoo is not built yet.
+the zoo is not built yet. --pair-trees decodes with each pair's budgets.json tree (what collect and
+evaluate price); --components splits the ratio by component and adds the AR baseline's steps
+against the profile's ar_token_ms, which every priced speedup divides by.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,7 +36,8 @@ import torch
 import decoder.generate
 from benchmarks.pair_sources import TINY, bench_prompts, load_named
 from collectors.latency import load_profile
-from collectors.pricing_check import check_pricing, format_pricing
+from collectors.plan import pair_tree
+from collectors.pricing_check import check_components, check_pricing, format_components, format_pricing
 from collectors.profile_rounds import student_like
 from collectors.profiling import measure_profile
 from collectors.records import runtime_for
@@ -67,6 +71,18 @@ def main() -> None:
         help="diagnostic for a shared machine (CPU, one torch thread): time the decoder's rounds by this "
         "thread's CPU time, the profile's clock, so other processes' share of the core drops out",
     )
+    parser.add_argument(
+        "--pair-trees",
+        action="store_true",
+        help="decode each pair with the tree the budget stage chose for it (budgets.json: budget and "
+        "shape, as collect and evaluate do) instead of the params' tree section",
+    )
+    parser.add_argument(
+        "--components",
+        action="store_true",
+        help="also split priced / measured by component (verify, mid, n-gram, decisions, tree work) "
+        "and the AR baseline's steps against ar_token_ms: which part of the cost model is off",
+    )
     parser.add_argument("--out", default="artifacts/bench/pricing.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -82,8 +98,10 @@ def main() -> None:
     names = args.pairs or [n for n in s.pairs if params.pair_paths(n)[0].exists()] or [TINY]
     config = DecodeConfig(max_new_tokens=args.max_new_tokens, tree=TreeConfig(**asdict(params.tree)))
     report, tables = [], []
+    base_config = config
     for name in names:
         pair = load_named(params, name)
+        config = replace(base_config, tree=pair_tree(params, name)) if args.pair_trees else base_config
         if args.profile_dir:
             profile = load_profile(resolve(args.profile_dir) / f"{name}.json")
         else:
@@ -105,6 +123,11 @@ def main() -> None:
         tables.append(format_pricing(name, rows))
         print(tables[-1], flush=True)
         report += [{"pair": name, **asdict(r), "ratio": r.ratio, "cpu_ratio": r.cpu_ratio} for r in rows]
+        if args.components:
+            parts = check_components(pair, profile, prompts, policies, config, runtime)
+            tables.append(format_components(name, parts))
+            print(tables[-1], flush=True)
+            report += [{"pair": name, "components": asdict(r)} for r in parts]
     print("\n".join(tables))
     out = resolve(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,9 @@ On a shared machine the wall clock also counts time the core spent on other proc
 profile taken by CPU time (collectors.profiling.profile_clock) leaves out; so each row also has
 the decodes' CPU share (this thread's CPU time / wall time, 1 on an idle machine and one torch
 thread) and the ratio with the measured time scaled by it.
+
+check_components splits the same comparison by component (verify, mid calls, n-gram steps,
+decisions, tree work, and the AR baseline's steps), to tell which part of the cost model is off.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from collectors.execute import execute_prompt
-from collectors.latency import LatencyProfile, counts_from_round, price_round
+from collectors.latency import LatencyProfile, RoundCounts, counts_from_round, price_round
 from decoder.config import DecodeConfig
-from decoder.generate import generate
+from decoder.generate import autoregressive, generate
 from decoder.models import ModelPair
 from decoder.policies import FixedSchedule, RuntimeContext, StepContext, parse_policy
+from decoder.timing import COMPONENTS
 
 Policy = str | Callable[[StepContext], bool]
 
@@ -153,4 +157,97 @@ def format_pricing(pair_name: str, rows: Sequence[PricingRow]) -> str:
             f"{r.ratio:>11.3f} {r.round_ratio_p10:>7.2f}/{r.round_ratio_median:.2f}/{r.round_ratio_p90:.2f} "
             f"{r.cpu_share:>9.2f} {r.cpu_ratio:>6.3f}"
         )
+    return "\n".join(lines)
+
+
+# The decoder's round clock (decoder.generate: RoundStats.times) puts MidDrafter.end_round and the
+# n-gram score-row update, which run after the verify, in "tree"; the profile's tree(n) job times
+# the score-row update too.
+ROUND_COMPONENTS = COMPONENTS
+
+
+def component_prices(profile: LatencyProfile, counts: RoundCounts) -> dict[str, float]:
+    """price_round split the way the decoder's round clock splits a round (ROUND_COMPONENTS)."""
+    mid_calls = zip(counts.mid_call_tokens, counts.mid_call_fed, strict=True)
+    return {
+        "verify": profile.verify_ms(counts.verified_nodes),
+        "mid": sum(profile.mid_ms(t, f) for t, f in mid_calls),
+        "ngram": profile.small_ms(counts.small_steps, counts.small_frontier),
+        "scheduler": counts.decisions * profile.decision_ms,
+        "tree": profile.tree_ms(counts.tree_nodes) + (profile.mid_end_ms if counts.mid_call_tokens else 0.0),  # type: ignore[arg-type]
+    }
+
+
+@dataclass(frozen=True)
+class ComponentRow:
+    """One policy's rounds over the prompts, per component: priced and measured ms, summed."""
+
+    policy: str
+    n_rounds: int
+    priced_ms: dict[str, float]  # ROUND_COMPONENTS, plus "ar": the AR steps of the same tokens
+    measured_ms: dict[str, float]
+
+    def ratio(self, component: str) -> float:
+        measured = self.measured_ms[component]
+        return self.priced_ms[component] / measured if measured > 0 else float("nan")
+
+
+def check_components(
+    pair: ModelPair,
+    profile: LatencyProfile,
+    prompts: Sequence[list[int]],
+    policies: Mapping[str, Policy],
+    config: DecodeConfig,
+    runtime: RuntimeContext | None = None,
+    warmup_tokens: int = 16,
+) -> list[ComponentRow]:
+    """Priced against measured per round component (which part of the cost model is off), one row
+    per policy and a first row "ar": the baseline's one-token steps against ar_token_ms. Every policy,
+    fixed ones too, decodes through `generate`, whose clock times each component; a fixed schedule
+    is priced without decisions (it decides nothing at run time), so its "scheduler" row shows what
+    asking it costs. Prompt-major after one short warm-up per policy, like check_pricing."""
+    if not prompts or not policies:
+        raise ValueError("need at least one prompt and one policy")
+    parsed = {name: parse_policy(policy, config.tree.depth) for name, policy in policies.items()}
+    warm = replace(config, max_new_tokens=min(warmup_tokens, config.max_new_tokens))
+    autoregressive(pair, prompts[0], warm)
+    for policy in parsed.values():
+        generate(pair, prompts[0], policy, warm, runtime)
+    names = ["ar", *parsed]
+    priced = {name: dict.fromkeys(("ar",) if name == "ar" else ROUND_COMPONENTS, 0.0) for name in names}
+    measured = {name: dict(zero) for name, zero in priced.items()}
+    n_rounds = dict.fromkeys(names, 0)
+    for prompt in prompts:
+        res = autoregressive(pair, prompt, config)
+        priced["ar"]["ar"] += res.decoded_tokens * profile.ar_token_ms
+        measured["ar"]["ar"] += 1e3 * (res.wall_s - res.prefill_s)
+        n_rounds["ar"] += res.decoded_tokens
+        for name, policy in parsed.items():
+            fixed = isinstance(policy, FixedSchedule)
+            for r in generate(pair, prompt, policy, config, runtime).rounds:
+                counts = counts_from_round(r)
+                parts = component_prices(profile, replace(counts, decisions=0) if fixed else counts)
+                for component in ROUND_COMPONENTS:
+                    priced[name][component] += parts[component]
+                    measured[name][component] += 1e3 * r.times[component]
+                n_rounds[name] += 1
+    return [ComponentRow(name, n_rounds[name], priced[name], measured[name]) for name in names]
+
+
+def format_components(pair_name: str, rows: Sequence[ComponentRow]) -> str:
+    """A plain-text table: one line per policy and component, the total of a policy's rounds last."""
+    head = (
+        f"{'pair':<12} {'policy':<10} {'component':<10} {'priced ms':>10} {'measured ms':>11} "
+        f"{'priced/meas':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        parts = list(r.priced_ms)
+        if len(parts) > 1:
+            parts.append("total")
+        for c in parts:
+            p = sum(r.priced_ms.values()) if c == "total" else r.priced_ms[c]
+            m = sum(r.measured_ms.values()) if c == "total" else r.measured_ms[c]
+            ratio = f"{p / m:>11.3f}" if m > 0 else f"{'-':>11}"
+            lines.append(f"{pair_name:<12} {r.policy:<10} {c:<10} {p:>10.1f} {m:>11.1f} {ratio}")
     return "\n".join(lines)

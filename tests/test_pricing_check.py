@@ -14,7 +14,15 @@ from conftest import noisy_copy, tiny_model
 
 from collectors.execute import execute_prompt
 from collectors.latency import counts_from_round, price_round
-from collectors.pricing_check import PricingRow, check_pricing, format_pricing
+from collectors.pricing_check import (
+    ROUND_COMPONENTS,
+    PricingRow,
+    check_components,
+    check_pricing,
+    component_prices,
+    format_components,
+    format_pricing,
+)
 from collectors.profile_rounds import reference_context
 from collectors.profiling import measure_profile
 from decoder.config import DecodeConfig
@@ -99,3 +107,46 @@ def test_ratio_and_bad_input(setup) -> None:
         check_pricing(pair, profile, [], {"a": "all-small"}, DecodeConfig(max_new_tokens=4))
     with pytest.raises(ValueError):
         check_pricing(pair, profile, prompts, {"bad": "1x1"}, DecodeConfig(max_new_tokens=4))
+
+
+def test_component_prices_add_up_to_the_round_price(setup) -> None:
+    """The split prices every part of a round exactly once: its parts sum to price_round, for rounds
+    with and without mid calls and decisions (a part dropped or counted twice breaks the sum)."""
+    pair, profile, prompts = setup
+    config = DecodeConfig(max_new_tokens=10)
+    runtime = RuntimeContext(30, 2.0, 1.0)
+    rounds = [r for p in prompts for r in generate(pair, p, mid_at_even_steps, config, runtime).rounds]
+    rounds += [r for p in prompts for r in generate(pair, p, "all-small", config, runtime).rounds]
+    assert any(counts_from_round(r).mid_call_tokens for r in rounds)
+    assert any(not counts_from_round(r).mid_call_tokens for r in rounds)
+    for r in rounds:
+        counts = counts_from_round(r)
+        parts = component_prices(profile, counts)
+        assert set(parts) == set(ROUND_COMPONENTS) == set(r.times)
+        assert sum(parts.values()) == pytest.approx(price_round(profile, counts))
+        assert parts["mid"] > 0 if counts.mid_call_tokens else parts["mid"] == 0
+
+
+def test_components_split_the_decoded_rounds(setup) -> None:
+    pair, profile, prompts = setup
+    config = DecodeConfig(max_new_tokens=10)
+    runtime = RuntimeContext(30, 2.0, 1.0)
+    rows = check_components(
+        pair, profile, prompts, {"10101": "10101", "even": mid_at_even_steps}, config, runtime
+    )
+    assert [r.policy for r in rows] == ["ar", "10101", "even"]
+    ar, fixed, even = rows
+    assert ar.n_rounds == 2 * (10 - 1)  # AR steps after the prefill's token
+    assert ar.priced_ms == {"ar": pytest.approx(18 * profile.ar_token_ms)} and ar.measured_ms["ar"] > 0
+    rounds = [r for p in prompts for r in generate(pair, p, mid_at_even_steps, config, runtime).rounds]
+    assert even.n_rounds == len(rounds)
+    assert sum(even.priced_ms.values()) == pytest.approx(
+        sum(price_round(profile, counts_from_round(r)) for r in rounds)
+    )
+    assert even.priced_ms["scheduler"] == pytest.approx(5 * len(rounds) * profile.decision_ms)
+    assert fixed.priced_ms["scheduler"] == 0.0  # a fixed schedule decides nothing at run time
+    assert fixed.priced_ms["mid"] > 0 and fixed.measured_ms["verify"] > 0
+    table = format_components("tiny", rows)
+    assert table.count("\n") == 1 + 1 + 2 * (len(ROUND_COMPONENTS) + 1)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        check_components(pair, profile, [], {"a": "all-small"}, config)
