@@ -94,11 +94,7 @@ def measure_pair(
         if ref.mid is not None:
             befores.append(("mid", mid_call))
         for name, before in befores:
-
-            def setup() -> None:
-                ref.rewind_target()
-
-            ms = timed(before, setup, lambda _, t=tree: ref.verifier.verify(t, 0.0, rng), n, skip)
+            ms = timed(before, ref.rewind_target, lambda _, t=tree: ref.verifier.verify(t, 0.0, rng), n, skip)
             rows.append({"component": "verify", "nodes": nodes, "after": name, "ms": ms})
     return rows
 

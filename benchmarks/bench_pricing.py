@@ -98,33 +98,32 @@ def main() -> None:
     names = args.pairs or [n for n in s.pairs if params.pair_paths(n)[0].exists()] or [TINY]
     config = DecodeConfig(max_new_tokens=args.max_new_tokens, tree=TreeConfig(**asdict(params.tree)))
     report, tables = [], []
-    base_config = config
     for name in names:
         pair = load_named(params, name)
-        config = replace(base_config, tree=pair_tree(params, name)) if args.pair_trees else base_config
+        pair_config = replace(config, tree=pair_tree(params, name)) if args.pair_trees else config
         if args.profile_dir:
             profile = load_profile(resolve(args.profile_dir) / f"{name}.json")
         else:
             profile = measure_profile(
                 pair, name, context_len=s.context_len, sizes=s.sizes, warmup=s.warmup,
                 repeats=args.repeats or s.repeats, mid_tokens=s.mid_tokens, mid_fed=s.mid_fed,
-                samples_per_repeat=args.samples or s.samples_per_repeat, tree_config=config.tree,
+                samples_per_repeat=args.samples or s.samples_per_repeat, tree_config=pair_config.tree,
             )  # fmt: skip
         prompts = bench_prompts(params, name, pair, args.prompts, args.max_prompt_tokens)
         policies: dict[str, object] = {p: p for p in args.policies}
         if args.student:
-            policies["student"] = load_scheduler(args.student, config.tree.depth, config.tree.width)
+            policies["student"] = load_scheduler(args.student, pair_config.tree.depth, pair_config.tree.width)
         if args.random_student:
             policies["random-mlp"] = student_like(
-                config.tree.depth, config.tree.width, np.random.default_rng(0)
+                pair_config.tree.depth, pair_config.tree.width, np.random.default_rng(0)
             )
-        runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), config.tree)
-        rows = check_pricing(pair, profile, prompts, policies, config, runtime)
+        runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), pair_config.tree)
+        rows = check_pricing(pair, profile, prompts, policies, pair_config, runtime)
         tables.append(format_pricing(name, rows))
         print(tables[-1], flush=True)
         report += [{"pair": name, **asdict(r), "ratio": r.ratio, "cpu_ratio": r.cpu_ratio} for r in rows]
         if args.components:
-            parts = check_components(pair, profile, prompts, policies, config, runtime)
+            parts = check_components(pair, profile, prompts, policies, pair_config, runtime)
             tables.append(format_components(name, parts))
             print(tables[-1], flush=True)
             report += [{"pair": name, "components": asdict(r)} for r in parts]

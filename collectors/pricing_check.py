@@ -105,6 +105,15 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def _warmup_config(
+    prompts: Sequence[list[int]], policies: Mapping[str, Policy], config: DecodeConfig, warmup_tokens: int
+) -> DecodeConfig:
+    """The short warm-up decode's config; refuses an empty prompt or policy set."""
+    if not prompts or not policies:
+        raise ValueError("need at least one prompt and one policy")
+    return replace(config, max_new_tokens=min(warmup_tokens, config.max_new_tokens))
+
+
 def check_pricing(
     pair: ModelPair,
     profile: LatencyProfile,
@@ -115,9 +124,7 @@ def check_pricing(
     warmup_tokens: int = 16,
 ) -> list[PricingRow]:
     """Priced / measured per policy (names are the mapping's keys), one row each, in its order."""
-    if not prompts or not policies:
-        raise ValueError("need at least one prompt and one policy")
-    warm = replace(config, max_new_tokens=min(warmup_tokens, config.max_new_tokens))
+    warm = _warmup_config(prompts, policies, config, warmup_tokens)
     for policy in policies.values():
         _decode(pair, prompts[0], policy, warm, profile, runtime)
     runs: dict[str, list[Decoded]] = {name: [] for name in policies}
@@ -160,14 +167,11 @@ def format_pricing(pair_name: str, rows: Sequence[PricingRow]) -> str:
     return "\n".join(lines)
 
 
-# The decoder's round clock (decoder.generate: RoundStats.times) puts MidDrafter.end_round and the
-# n-gram score-row update, which run after the verify, in "tree"; the profile's tree(n) job times
-# the score-row update too.
-ROUND_COMPONENTS = COMPONENTS
-
-
 def component_prices(profile: LatencyProfile, counts: RoundCounts) -> dict[str, float]:
-    """price_round split the way the decoder's round clock splits a round (ROUND_COMPONENTS)."""
+    """price_round split the way the decoder's round clock (RoundStats.times, keys
+    decoder.timing.COMPONENTS) splits a round: MidDrafter.end_round and the n-gram score-row
+    update run after the verify and count in "tree", where the profile's tree(n) job times the
+    score-row update too."""
     mid_calls = zip(counts.mid_call_tokens, counts.mid_call_fed, strict=True)
     return {
         "verify": profile.verify_ms(counts.verified_nodes),
@@ -184,12 +188,8 @@ class ComponentRow:
 
     policy: str
     n_rounds: int
-    priced_ms: dict[str, float]  # ROUND_COMPONENTS, plus "ar": the AR steps of the same tokens
+    priced_ms: dict[str, float]  # decoder.timing.COMPONENTS, or {"ar"}: the baseline's steps
     measured_ms: dict[str, float]
-
-    def ratio(self, component: str) -> float:
-        measured = self.measured_ms[component]
-        return self.priced_ms[component] / measured if measured > 0 else float("nan")
 
 
 def check_components(
@@ -206,15 +206,13 @@ def check_components(
     fixed ones too, decodes through `generate`, whose clock times each component; a fixed schedule
     is priced without decisions (it decides nothing at run time), so its "scheduler" row shows what
     asking it costs. Prompt-major after one short warm-up per policy, like check_pricing."""
-    if not prompts or not policies:
-        raise ValueError("need at least one prompt and one policy")
+    warm = _warmup_config(prompts, policies, config, warmup_tokens)
     parsed = {name: parse_policy(policy, config.tree.depth) for name, policy in policies.items()}
-    warm = replace(config, max_new_tokens=min(warmup_tokens, config.max_new_tokens))
     autoregressive(pair, prompts[0], warm)
     for policy in parsed.values():
         generate(pair, prompts[0], policy, warm, runtime)
     names = ["ar", *parsed]
-    priced = {name: dict.fromkeys(("ar",) if name == "ar" else ROUND_COMPONENTS, 0.0) for name in names}
+    priced = {name: dict.fromkeys(("ar",) if name == "ar" else COMPONENTS, 0.0) for name in names}
     measured = {name: dict(zero) for name, zero in priced.items()}
     n_rounds = dict.fromkeys(names, 0)
     for prompt in prompts:
@@ -227,7 +225,7 @@ def check_components(
             for r in generate(pair, prompt, policy, config, runtime).rounds:
                 counts = counts_from_round(r)
                 parts = component_prices(profile, replace(counts, decisions=0) if fixed else counts)
-                for component in ROUND_COMPONENTS:
+                for component in COMPONENTS:
                     priced[name][component] += parts[component]
                     measured[name][component] += 1e3 * r.times[component]
                 n_rounds[name] += 1

@@ -15,7 +15,6 @@ from conftest import noisy_copy, tiny_model
 from collectors.execute import execute_prompt
 from collectors.latency import counts_from_round, price_round
 from collectors.pricing_check import (
-    ROUND_COMPONENTS,
     PricingRow,
     check_components,
     check_pricing,
@@ -29,6 +28,7 @@ from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
 from decoder.policies import RuntimeContext, StepContext
+from decoder.timing import COMPONENTS
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_component_prices_add_up_to_the_round_price(setup) -> None:
     for r in rounds:
         counts = counts_from_round(r)
         parts = component_prices(profile, counts)
-        assert set(parts) == set(ROUND_COMPONENTS) == set(r.times)
+        assert set(parts) == set(COMPONENTS) == set(r.times)
         assert sum(parts.values()) == pytest.approx(price_round(profile, counts))
         assert parts["mid"] > 0 if counts.mid_call_tokens else parts["mid"] == 0
 
@@ -147,6 +147,6 @@ def test_components_split_the_decoded_rounds(setup) -> None:
     assert fixed.priced_ms["scheduler"] == 0.0  # a fixed schedule decides nothing at run time
     assert fixed.priced_ms["mid"] > 0 and fixed.measured_ms["verify"] > 0
     table = format_components("tiny", rows)
-    assert table.count("\n") == 1 + 1 + 2 * (len(ROUND_COMPONENTS) + 1)
+    assert table.count("\n") == 1 + 1 + 2 * (len(COMPONENTS) + 1)
     with pytest.raises(ValueError, match="at least one prompt"):
         check_components(pair, profile, [], {"a": "all-small"}, config)
