@@ -10,11 +10,17 @@ Contract:
   torch nor transformers, so any stage can re-price counts). A profile holds robust medians after
   warm-up on a fixed cached context of `context_len` tokens, and says what device, dtype, threads
   and clock (on a one-thread CPU the thread's CPU time: the cost without other processes' waits).
-- Cost model of one round, each term priced as the decoder runs it online:
+- Cost model of one round, each term priced as the decoder runs it online (`round_parts`):
     verify(verified nodes) + sum over mid calls of mid(new tokens, tree nodes already fed)
     + (mid end-of-round KV compaction, in rounds with a mid call)
     + small steps x n-gram step + decisions x decision (tree signals + features + MLP)
-    + tree(live tree nodes): the per-round Python tree work outside drafting and verification.
+    + tree(live tree nodes): the per-round Python tree work outside drafting and verification
+    + the round's cold-cache terms: a component that runs right after another model's forward
+      finds its weights and code out of the CPU caches. The curves are timed warm (verify after an
+      n-gram step, as in a round without a mid call; mid calls and decisions after their own kind);
+      a round with a mid call forward adds `mid_cold_ms` (its first mid call follows the target's
+      verify) and `verify_cold_ms` (its verify follows mid calls), a round with a decision adds
+      `decision_cold_ms` (its first decision follows the verify).
 - A 1-D cost is piecewise-linear through the measured (size, median ms) points. Past the largest
   size it extends the last segment, with the slope floored at 0 so timing noise never makes a bigger
   forward cheaper; below the smallest size it keeps that size's cost. The mid call's 2-D table is
@@ -43,7 +49,7 @@ from decoder.files import replace_atomically
 if TYPE_CHECKING:  # kept off import so re-pricing needs neither torch nor transformers
     from decoder.generate import RoundStats
 
-SCHEMA_VERSION = 3  # 3: passes
+SCHEMA_VERSION = 4  # 3: passes; 4: cold-cache round terms, verify timed after an n-gram step
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 DEFAULT_MID_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_MID_FED = (0, 16, 64, 256)
@@ -118,6 +124,10 @@ class LatencyProfile:
     ar_token_ms: float  # one autoregressive target step
     tree_points: Points  # per-round tree work (prune, bookkeeping): live tree nodes incl. root -> ms
     passes: int = 1  # separate measurements, pairs in turn, combined figure by figure (median_profile)
+    # once per round, extra over the warm figures (cold caches; see the module docstring):
+    verify_cold_ms: float = 0.0  # the verify of a round with a mid call forward
+    mid_cold_ms: float = 0.0  # the first mid call forward of a round
+    decision_cold_ms: float = 0.0  # the first decision of a round
 
     def __post_init__(self) -> None:
         if isinstance(self.passes, bool) or not isinstance(self.passes, int) or self.passes < 1:
@@ -147,6 +157,9 @@ class LatencyProfile:
             "decision_ms",
             "ar_token_ms",
             "mid_end_ms",
+            "verify_cold_ms",
+            "mid_cold_ms",
+            "decision_cold_ms",
         ):
             _check_times(name, [getattr(self, name)])
 
@@ -257,6 +270,11 @@ class RoundCounts:
         if len(self.mid_call_fed) != len(self.mid_call_tokens):
             raise ValueError(f"one fed count per mid call: {self.mid_call_tokens} vs {self.mid_call_fed}")
 
+    @property
+    def mid_forwards(self) -> bool:
+        """Whether a mid call of this round forwarded tokens (a call of 0 tokens runs no forward)."""
+        return any(t > 0 for t in self.mid_call_tokens)
+
 
 def counts_from_round(stats: RoundStats) -> RoundCounts:
     """Counts of a decoder round: the decisions its scheduler took (one per step unless it skipped
@@ -273,16 +291,30 @@ def counts_from_round(stats: RoundStats) -> RoundCounts:
     )
 
 
+ROUND_PARTS = ("verify", "mid", "ngram", "scheduler", "tree")  # decoder.timing.COMPONENTS
+
+
+def round_parts(profile: LatencyProfile, counts: RoundCounts) -> dict[str, float]:
+    """Modelled ms of one round, split the way the decoder's round clock (RoundStats.times) splits
+    it: each cold-cache term with the component it slows; MidDrafter.end_round and the n-gram
+    score-row update run after the verify and count in "tree" (the profile's tree(n) job times the
+    score-row update too)."""
+    mid_calls = zip(counts.mid_call_tokens, counts.mid_call_fed, strict=True)
+    cold_mid = counts.mid_forwards
+    cold_decision = profile.decision_cold_ms if counts.decisions else 0.0
+    return {
+        "verify": profile.verify_ms(counts.verified_nodes) + (profile.verify_cold_ms if cold_mid else 0.0),
+        "mid": sum(profile.mid_ms(t, f) for t, f in mid_calls) + (profile.mid_cold_ms if cold_mid else 0.0),
+        "ngram": profile.small_ms(counts.small_steps, counts.small_frontier),
+        "scheduler": counts.decisions * profile.decision_ms + cold_decision,
+        "tree": profile.tree_ms(counts.tree_nodes)  # type: ignore[arg-type]  # filled in __post_init__
+        + (profile.mid_end_ms if counts.mid_call_tokens else 0.0),
+    }
+
+
 def price_round(profile: LatencyProfile, counts: RoundCounts) -> float:
-    """Modelled ms of one round: verify + mid calls + small steps + decisions + tree work."""
-    return (
-        profile.verify_ms(counts.verified_nodes)
-        + sum(profile.mid_ms(t, f) for t, f in zip(counts.mid_call_tokens, counts.mid_call_fed, strict=True))
-        + (profile.mid_end_ms if counts.mid_call_tokens else 0.0)
-        + profile.small_ms(counts.small_steps, counts.small_frontier)
-        + counts.decisions * profile.decision_ms
-        + profile.tree_ms(counts.tree_nodes)  # type: ignore[arg-type]  # filled in __post_init__
-    )
+    """Modelled ms of one round: the sum of its `round_parts`."""
+    return sum(round_parts(profile, counts).values())
 
 
 def price_ar(profile: LatencyProfile, n_tokens: int) -> float:
@@ -323,6 +355,7 @@ def _curve(profile: LatencyProfile, component: str) -> dict[tuple[int, ...], flo
 
 
 _SCALARS = {"mid_end": "mid_end_ms", "decision": "decision_ms", "ar": "ar_token_ms"}
+# the cold-cache terms are differences of two medians floored at 0, often 0 on small pairs: no ratio
 COMPONENTS = ("verify", "mid", "mid_end", "small", "decision", "ar", "tree")
 
 
@@ -343,7 +376,7 @@ def compare_profiles(a: LatencyProfile, b: LatencyProfile) -> list[Agreement]:
 _SAME = ("pair", "device", "device_name", "torch_threads", "clock", "torch_version", "dtype", "context_len",
          "warmup", "samples_per_repeat", "mid_tokens", "mid_fed")  # fmt: skip
 _MEDIANS = ("ngram_step_ms", "ngram_node_ms", "ngram_mean_frontier", "decision_ms", "ar_token_ms",
-            "mid_end_ms")  # fmt: skip
+            "mid_end_ms", "verify_cold_ms", "mid_cold_ms", "decision_cold_ms")  # fmt: skip
 
 
 def median_profile(passes: Sequence[LatencyProfile]) -> LatencyProfile:

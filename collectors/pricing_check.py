@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from collectors.execute import execute_prompt
-from collectors.latency import LatencyProfile, RoundCounts, counts_from_round, price_round
+from collectors.latency import LatencyProfile, counts_from_round, price_round, round_parts
 from decoder.config import DecodeConfig
 from decoder.generate import autoregressive, generate
 from decoder.models import ModelPair
@@ -167,21 +167,6 @@ def format_pricing(pair_name: str, rows: Sequence[PricingRow]) -> str:
     return "\n".join(lines)
 
 
-def component_prices(profile: LatencyProfile, counts: RoundCounts) -> dict[str, float]:
-    """price_round split the way the decoder's round clock (RoundStats.times, keys
-    decoder.timing.COMPONENTS) splits a round: MidDrafter.end_round and the n-gram score-row
-    update run after the verify and count in "tree", where the profile's tree(n) job times the
-    score-row update too."""
-    mid_calls = zip(counts.mid_call_tokens, counts.mid_call_fed, strict=True)
-    return {
-        "verify": profile.verify_ms(counts.verified_nodes),
-        "mid": sum(profile.mid_ms(t, f) for t, f in mid_calls),
-        "ngram": profile.small_ms(counts.small_steps, counts.small_frontier),
-        "scheduler": counts.decisions * profile.decision_ms,
-        "tree": profile.tree_ms(counts.tree_nodes) + (profile.mid_end_ms if counts.mid_call_tokens else 0.0),  # type: ignore[arg-type]
-    }
-
-
 @dataclass(frozen=True)
 class ComponentRow:
     """One policy's rounds over the prompts, per component: priced and measured ms, summed."""
@@ -224,7 +209,7 @@ def check_components(
             fixed = isinstance(policy, FixedSchedule)
             for r in generate(pair, prompt, policy, config, runtime).rounds:
                 counts = counts_from_round(r)
-                parts = component_prices(profile, replace(counts, decisions=0) if fixed else counts)
+                parts = round_parts(profile, replace(counts, decisions=0) if fixed else counts)
                 for component in COMPONENTS:
                     priced[name][component] += parts[component]
                     measured[name][component] += 1e3 * r.times[component]

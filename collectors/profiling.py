@@ -5,7 +5,9 @@ mid drafter and n-gram drafter); caches are cropped back before each timed call,
 only thing that varies. First, one real round per fixed schedule (all 2^D; all-small only without
 a mid) is built by the decoder's RoundBuilder on that context. Timed, as the decoder runs them:
 - verify(n): TargetVerifier.verify on the first n nodes of the largest real tree (a prefix of a
-  tree is a tree: parents come before children);
+  tree is a tree: parents come before children), in a round's order: right after an untimed
+  target forward (a verify of the root: it reads every target weight, as the previous round's
+  verify does) and a real n-gram step (a round without a mid call);
 - mid(n, f): RoundBuilder.mid_step (rescore + pool + top_children + graft) on the first f + n
   nodes of that tree, its first f nodes fed beforehand (untimed), so the call forwards n;
 - n-gram step: RoundBuilder.small_step on every real state before a small step, grouped by the
@@ -18,6 +20,12 @@ a mid) is built by the decoder's RoundBuilder on that context. Timed, as the dec
   step. Timed one at a time after a random other component, a step found the caches cold and cost
   up to 1.5x what autoregressive decoding pays per token on the tiny zoo models (0.94-1.07 vs
   0.71-0.75 ms on zoo-m), which inflated every priced speedup of the cheap pairs.
+- cold-cache round terms (collectors.latency), each a job timed right after that untimed target
+  forward, less its warm figure (floored at 0): the verify of the pair's tree with a mid
+  call (one token) in between, less verify(pair's tree); a one-token mid call on no fed nodes,
+  less mid(1, 0); one decision on a real first-step state (in turn), less the decision figure.
+  Without them the profile priced zoo-chat-m's mid time at 0.72 and its decisions at 0.54 of what
+  decoding paid (benchmarks/bench_pricing.py --components).
 Where the grid needs more nodes than the largest real tree has, it is grown at random (no deeper).
 Stability: every repeat runs `samples_per_repeat` passes over all components, each pass in a fresh
 random order (round-robin: a noisy machine's drift hits all alike); a figure is the median over the
@@ -28,6 +36,7 @@ machine); otherwise decoder.timing.make_clock's wall clock (synced on CUDA).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import platform
 import statistics
@@ -154,11 +163,21 @@ def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: Tre
     rng = np.random.default_rng(0)  # only used by sampling, which the greedy verify never does
     verifier, ctx = ref.verifier, ref.context
     jobs: dict[Key, Job] = {}
+    pair_tree, root = prefix_tree(big, grid.verify[-1]), prefix_tree(big, 1)
+    small = next(p for p in real.steps if not p.invoke)  # the all-small schedule has only these
+
+    def after_verify() -> None:  # untimed: a target forward (it reads all the target's weights as
+        ref.rewind_target()  # the previous round's verify does, at a fraction of a large tree's cost)
+        verifier.verify(root, 0.0, rng)
+        ref.rewind_target()
+
+    def after_small() -> None:  # untimed: ... then an n-gram step (a round without a mid call)
+        after_verify()
+        ref.builder.small_step(snapshot(small.state), ctx, small.step)
+
     for n in grid.verify:
         tree = prefix_tree(big, n)
-        jobs["verify", n] = Job(
-            lambda t=tree: (ref.rewind_target(), t)[1], lambda t: verifier.verify(t, 0.0, rng)
-        )
+        jobs["verify", n] = Job(lambda t=tree: (after_small(), t)[1], lambda t: verifier.verify(t, 0.0, rng))
 
     def ar_setup() -> int:  # untimed warm-up steps: AR decoding runs its steps back to back
         ref.rewind_target()
@@ -178,6 +197,15 @@ def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: Tre
         lambda steps: [student(StepContext(p.step, cfg.depth, p.history, p.state, runtime)) for p in steps],
         len(real.steps),
     )
+    firsts = itertools.cycle([p for p in real.steps if p.step == 1])
+
+    def first_decision() -> PreStep:
+        after_verify()
+        return next(firsts)
+
+    jobs["decision_cold", 0] = Job(
+        first_decision, lambda p: student(StepContext(p.step, cfg.depth, p.history, p.state, runtime))
+    )
     top = ref.top
     last = max(0, len(top.tokens) - 2)
     rows = (top.start + last, top.tokens[last:], top.logps[last:])
@@ -187,6 +215,20 @@ def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: Tre
             lambda t=tree: t, lambda t: (t.prune(cfg.budget), ref.ngram.cache.set_rows(*rows))
         )
     if ref.mid is not None:
+        n_one, f_one = grid.mid_tokens[0], grid.mid_fed[0]  # (1, 0): a one-token call on no fed nodes
+        one = _mid_job(ref, big, n_one, f_one)
+
+        def first_mid() -> BuildState:
+            after_verify()
+            return one.setup()
+
+        def after_mid() -> DraftTree:  # untimed: the previous verify, then a mid call
+            after_verify()
+            one.run(one.setup())
+            return pair_tree
+
+        jobs["mid_cold", n_one, f_one] = Job(first_mid, one.run)
+        jobs["verify_cold", grid.verify[-1]] = Job(after_mid, lambda t: verifier.verify(t, 0.0, rng))
         jobs["mid_end", 0] = _mid_end_job(ref, big, max(grid.mid_fed))
         for f in grid.mid_fed:
             for n in grid.mid_tokens:
@@ -293,6 +335,12 @@ def measure_profile(
     ms = robust_medians(jobs, clock, warmup, repeats, samples_per_repeat, seed, f"profile {name}")
     ngram = {key[1]: (ms[key], jobs[key].units) for key in jobs if key[0] == "ngram"}
     small = fit_small_step({f: v[0] for f, v in ngram.items()}, {f: v[1] for f, v in ngram.items()})
+
+    one_call = (grid.mid_tokens[0], grid.mid_fed[0]) if grid.mid_tokens else ()
+
+    def cold(key: Key, warm: Key) -> float:  # extra over the warm figure (0 where not timed: no mid)
+        return max(0.0, ms[key] - ms[warm]) if key in ms else 0.0
+
     profile = LatencyProfile(
         pair=name,
         device=str(device),
@@ -310,6 +358,9 @@ def measure_profile(
         mid_fed=grid.mid_fed,
         mid_grid_ms=tuple(tuple(ms["mid", n, f] for n in grid.mid_tokens) for f in grid.mid_fed),
         mid_end_ms=ms.get(("mid_end", 0), 0.0),
+        verify_cold_ms=cold(("verify_cold", grid.verify[-1]), ("verify", grid.verify[-1])),
+        mid_cold_ms=cold(("mid_cold", *one_call), ("mid", *one_call)),
+        decision_cold_ms=cold(("decision_cold", 0), ("decision", 0)),
         ngram_step_ms=small[0],
         ngram_node_ms=small[1],
         ngram_mean_frontier=small[2],

@@ -165,6 +165,7 @@ def _round_rows(
                     "n_small_steps": depth - len(o.mid_tree_tokens),
                     "round_latency_ms": ms[s],
                     "decision_ms": profile.decision_ms,
+                    "decision_cold_ms": profile.decision_cold_ms,
                     "throughput_tok_per_s": tps[s],
                     "is_round_best": s == best,
                     "signals": [x for step in o.signals for x in step],

@@ -8,7 +8,8 @@ from decoder.state import state_feature_names
 from features.tables import TableSpec
 
 SCHEMA_VERSION = "v2"  # v2: per-prompt tokens and priced milliseconds (the bootstrap over prompts)
-ROUNDS_VERSION = "v3"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms
+ROUNDS_VERSION = "v4"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms;
+# v4: decision_cold_ms
 MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
 
 _KEYS = (("report_id", pa.string()), ("pair_id", pa.string()), ("dataset_id", pa.string()))
@@ -71,8 +72,9 @@ def rounds_spec(depth: int) -> TableSpec:
     ``prompt_tokens``: the prompt's own length; ``mid_lag``: committed tokens the mid drafter's
     cache lacks at this start (collectors.replay.arrival_lag); ``round_latency_ms`` prices the
     round as execute mode would with that lag (its first mid call also catches up ``mid_lag``),
-    one scheduler decision per step included; ``decision_ms``: the profile's cost of one decision
-    (what a fixed schedule, deciding nothing, does not pay).
+    one scheduler decision per step included; ``decision_ms``: the profile's cost of one decision,
+    ``decision_cold_ms``: its extra once per round that decides (a fixed schedule, deciding nothing,
+    pays neither).
     """
     return TableSpec(
         "rounds",
@@ -90,6 +92,7 @@ def rounds_spec(depth: int) -> TableSpec:
             ("n_small_steps", pa.int8()),
             ("round_latency_ms", pa.float64()),
             ("decision_ms", pa.float64()),
+            ("decision_cold_ms", pa.float64()),
             ("throughput_tok_per_s", pa.float64()),
             ("is_round_best", pa.bool_()),
             ("signals", pa.list_(pa.float32())),

@@ -188,9 +188,10 @@ def round_walk_pct(frame: pl.DataFrame, outcomes: pl.DataFrame, depth: int) -> f
 
 def round_outcomes(rounds: pa.Table) -> pl.DataFrame:
     """Per (round start, schedule): tokens emitted, priced ms (one decision per step included) and
-    the cost of one decision: what :func:`priced_walk_pct` reprices a walk with."""
+    the cost of one decision and its extra once per round that decides: what :func:`priced_walk_pct`
+    reprices a walk with."""
     cols = ["report_id", "prompt_id", "start_position", "schedule_id", "accepted", "round_latency_ms"]
-    return pl.from_arrow(rounds.select([*cols, "decision_ms"]))
+    return pl.from_arrow(rounds.select([*cols, "decision_ms", "decision_cold_ms"]))
 
 
 def _walk(states: pl.DataFrame, depth: int, skip_rest_below: float | None) -> pl.DataFrame:
@@ -242,7 +243,8 @@ def _pct_by_report(
     round table's prices (one decision per step) on both sides."""
     tokens = pl.col("accepted").cast(pl.Float64) + 1
     ms = pl.col("round_latency_ms")
-    base = ms if decided else ms - depth * pl.col("decision_ms")
+    deciding = pl.col("decision_cold_ms")  # once per round that decides
+    base = ms if decided else ms - depth * pl.col("decision_ms") - deciding
     best = outcomes.group_by(START).agg((base / tokens).min().alias("best"))
     reached = (
         walk.join(_schedules(depth), on="schedule", how="left")
@@ -251,7 +253,8 @@ def _pct_by_report(
     )
     if reached["accepted"].null_count():
         raise ValueError("round states: a walk reaches a schedule the round table lacks")
-    paid = base if decided else base + pl.col("decisions") * pl.col("decision_ms")
+    decided_cold = pl.when(pl.col("decisions") > 0).then(deciding).otherwise(0.0)
+    paid = base if decided else base + pl.col("decisions") * pl.col("decision_ms") + decided_cold
     per_report = reached.group_by("report_id").agg(pct=100 * pl.col("best").sum() / (paid / tokens).sum())
     return per_report.sort("report_id")
 

@@ -72,6 +72,7 @@ def synthetic_rounds(
                             "n_small_steps": depth - calls,
                             "round_latency_ms": ms,
                             "decision_ms": 0.01,
+                            "decision_cold_ms": 0.02,
                             "throughput_tok_per_s": 1e3 * (accepted + 1) / ms,
                             "is_round_best": sid == best,
                             "signals": signals,

@@ -13,12 +13,11 @@ import pytest
 from conftest import noisy_copy, tiny_model
 
 from collectors.execute import execute_prompt
-from collectors.latency import counts_from_round, price_round
+from collectors.latency import counts_from_round, price_round, round_parts
 from collectors.pricing_check import (
     PricingRow,
     check_components,
     check_pricing,
-    component_prices,
     format_components,
     format_pricing,
 )
@@ -109,9 +108,9 @@ def test_ratio_and_bad_input(setup) -> None:
         check_pricing(pair, profile, prompts, {"bad": "1x1"}, DecodeConfig(max_new_tokens=4))
 
 
-def test_component_prices_add_up_to_the_round_price(setup) -> None:
-    """The split prices every part of a round exactly once: its parts sum to price_round, for rounds
-    with and without mid calls and decisions (a part dropped or counted twice breaks the sum)."""
+def test_round_parts_follow_the_decoders_round_clock(setup) -> None:
+    """round_parts splits a decoded round by the decoder's own clock keys, and its mid part is zero
+    exactly in rounds without a mid call, with and without the cold-cache terms."""
     pair, profile, prompts = setup
     config = DecodeConfig(max_new_tokens=10)
     runtime = RuntimeContext(30, 2.0, 1.0)
@@ -119,12 +118,13 @@ def test_component_prices_add_up_to_the_round_price(setup) -> None:
     rounds += [r for p in prompts for r in generate(pair, p, "all-small", config, runtime).rounds]
     assert any(counts_from_round(r).mid_call_tokens for r in rounds)
     assert any(not counts_from_round(r).mid_call_tokens for r in rounds)
+    cold = replace(profile, verify_cold_ms=0.3, mid_cold_ms=0.2, decision_cold_ms=0.1)
     for r in rounds:
         counts = counts_from_round(r)
-        parts = component_prices(profile, counts)
-        assert set(parts) == set(COMPONENTS) == set(r.times)
-        assert sum(parts.values()) == pytest.approx(price_round(profile, counts))
-        assert parts["mid"] > 0 if counts.mid_call_tokens else parts["mid"] == 0
+        for prof in (profile, cold):
+            parts = round_parts(prof, counts)
+            assert set(parts) == set(COMPONENTS) == set(r.times)
+            assert parts["mid"] > 0 if counts.mid_call_tokens else parts["mid"] == 0
 
 
 def test_components_split_the_decoded_rounds(setup) -> None:
@@ -143,7 +143,8 @@ def test_components_split_the_decoded_rounds(setup) -> None:
     assert sum(even.priced_ms.values()) == pytest.approx(
         sum(price_round(profile, counts_from_round(r)) for r in rounds)
     )
-    assert even.priced_ms["scheduler"] == pytest.approx(5 * len(rounds) * profile.decision_ms)
+    per_round = 5 * profile.decision_ms + profile.decision_cold_ms  # the first decision's extra once
+    assert even.priced_ms["scheduler"] == pytest.approx(len(rounds) * per_round)
     assert fixed.priced_ms["scheduler"] == 0.0  # a fixed schedule decides nothing at run time
     assert fixed.priced_ms["mid"] > 0 and fixed.measured_ms["verify"] > 0
     table = format_components("tiny", rows)

@@ -58,6 +58,7 @@ def _rounds(drop: int | None = None, at_24: dict = OUTCOME):
                     "n_small_steps": bits.count("0"),
                     "round_latency_ms": ms,
                     "decision_ms": 0.01,
+                    "decision_cold_ms": 0.02,
                     "throughput_tok_per_s": 1e3 * (a + 1) / ms,
                     "is_round_best": bits == "10",
                     "signals": [x for k in range(1, D + 1) for x in _signals(bits[: k - 1], start)],

@@ -107,14 +107,14 @@ def _tables(rng: random.Random, depth: int = 3):
     outcomes, states = [], []
     for report, prompt, start in starts:
         for sid in range(2**depth):
-            outcomes.append((report, prompt, start, sid, rng.randrange(0, 6), rng.uniform(5, 9), 0.4))
+            outcomes.append((report, prompt, start, sid, rng.randrange(0, 6), rng.uniform(5, 9), 0.4, 0.3))
         for k in range(1, depth + 1):
             for prefix in itertools.product("01", repeat=k - 1):
                 states.append((report, prompt, start, k, "".join(prefix), rng.uniform(-2, 2), 0.25))
     out = pl.DataFrame(
         outcomes,
         schema=["report_id", "prompt_id", "start_position", "schedule_id", "accepted", "round_latency_ms",
-                "decision_ms"], orient="row",
+                "decision_ms", "decision_cold_ms"], orient="row",
     )  # fmt: skip
     st = pl.DataFrame(
         states, schema=["report_id", "prompt_id", "start_position", "step", "prefix", "score", "threshold"],
@@ -149,8 +149,9 @@ def _by_hand(out: pl.DataFrame, st: pl.DataFrame, depth: int, gate: float | None
         )
 
         def ms_per_token(i: int, n: int, s=s) -> float:
-            o = res[(*s, i)]
-            return (o["round_latency_ms"] - (depth - n) * o["decision_ms"]) / (o["accepted"] + 1)
+            o = res[(*s, i)]  # the round table prices depth decisions; one cold extra per deciding round
+            cold = 0.0 if n else o["decision_cold_ms"]
+            return (o["round_latency_ms"] - (depth - n) * o["decision_ms"] - cold) / (o["accepted"] + 1)
 
         # per report: (the oracle's ms per token, the walk's), each summed over the starts
         oracle, walked = pct.setdefault(s[0], [0.0, 0.0])

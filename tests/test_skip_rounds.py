@@ -180,7 +180,7 @@ def _prompt_tables(
         for i in range(n_starts):
             start = 10 * i + 3
             for sid in range(2**depth):
-                out.append(("r", prompt, start, sid, rng.randrange(0, 6), rng.uniform(5, 9), 0.4))
+                out.append(("r", prompt, start, sid, rng.randrange(0, 6), rng.uniform(5, 9), 0.4, 0.3))
             for k in range(1, depth + 1):
                 for p in range(2 ** (k - 1)):
                     prefix = format(p, f"0{k - 1}b") if k > 1 else ""
@@ -189,7 +189,7 @@ def _prompt_tables(
     outcomes = pl.DataFrame(
         out, orient="row",
         schema=["report_id", "prompt_id", "start_position", "schedule_id", "accepted", "round_latency_ms",
-                "decision_ms"],
+                "decision_ms", "decision_cold_ms"],
     ).with_columns(pl.col("schedule_id").cast(pl.Int16))  # fmt: skip
     states = pl.DataFrame(
         st, orient="row",
@@ -207,8 +207,9 @@ def _priced_by_hand(outcomes: pl.DataFrame, plays: list[tuple[int, int]], depth:
         for i, (sid, n) in enumerate(plays):
             r = rows.slice(i * 2**depth, 2**depth).to_dicts()
 
-            def ms_per_token(o: dict, n: int) -> float:
-                return (o["round_latency_ms"] - (depth - n) * o["decision_ms"]) / (o["accepted"] + 1)
+            def ms_per_token(o: dict, n: int) -> float:  # the round table prices depth decisions
+                cold = 0.0 if n else o["decision_cold_ms"]  # once per round that decides
+                return (o["round_latency_ms"] - (depth - n) * o["decision_ms"] - cold) / (o["accepted"] + 1)
 
             oracle += min(ms_per_token(o, 0) for o in r)
             walked += ms_per_token(r[sid], n)
