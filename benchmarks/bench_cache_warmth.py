@@ -15,7 +15,9 @@ thread's CPU time (the profile's clock on a CPU with one torch thread), as the m
   verify of the pair's tree (the first mid call of a round) and right after another mid call (a
   later call of the same round);
 - the target's verify of the pair's tree (budget + 1 nodes) and of 64 nodes right after a verify
-  (an All-Small round: n-gram steps touch neither model) and right after a mid call.
+  (an All-Small round: n-gram steps touch neither model) and right after a mid call of 16 tokens,
+  of 1 token and of W x topk tokens (the sizes a round's last mid call spans: a late All-Mid call
+  feeds the whole frontier's children).
 Printed per pair: each pair of medians and their ratio. `tiny` (built on the spot) stands in
 when the zoo is not built yet.
 """
@@ -93,6 +95,10 @@ def measure_pair(
         befores = [("verify", verify_pair_tree)]
         if ref.mid is not None:
             befores.append(("mid", mid_call))
+        if ref.mid is not None:  # the last mid call of a round forwards 1 to W x topk tokens
+            for tokens in (1, cfg.width * cfg.topk):
+                call = _mid_job(ref, big, tokens, 0)
+                befores.append((f"mid {tokens} tok", lambda c=call: c.run(c.setup())))
         for name, before in befores:
             ms = timed(before, ref.rewind_target, lambda _, t=tree: ref.verifier.verify(t, 0.0, rng), n, skip)
             rows.append({"component": "verify", "nodes": nodes, "after": name, "ms": ms})
