@@ -19,8 +19,9 @@ Contract:
       finds its weights and code out of the CPU caches. The curves are timed warm (verify after an
       n-gram step, as in a round without a mid call; mid calls and decisions after their own kind);
       a round with a mid call forward adds `mid_cold_ms` (its first mid call follows the target's
-      verify) and `verify_cold_ms` (its verify follows mid calls), a round with a decision adds
-      `decision_cold_ms` (its first decision follows the verify).
+      verify) and `verify_cold_points` at the tokens its last mid forward fed (its verify follows
+      that call, and a larger call evicts more), a round with a decision adds `decision_cold_ms`
+      (its first decision follows the verify).
 - A 1-D cost is piecewise-linear through the measured (size, median ms) points. Past the largest
   size it extends the last segment, with the slope floored at 0 so timing noise never makes a bigger
   forward cheaper; below the smallest size it keeps that size's cost. The mid call's 2-D table is
@@ -49,7 +50,8 @@ from decoder.files import replace_atomically
 if TYPE_CHECKING:  # kept off import so re-pricing needs neither torch nor transformers
     from decoder.generate import RoundStats
 
-SCHEMA_VERSION = 4  # 3: passes; 4: cold-cache round terms, verify timed after an n-gram step
+SCHEMA_VERSION = 5  # 3: passes; 4: cold-cache round terms, verify timed after an n-gram step;
+# 5: the verify's cold term over the last mid call's tokens
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 DEFAULT_MID_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_MID_FED = (0, 16, 64, 256)
@@ -125,7 +127,7 @@ class LatencyProfile:
     tree_points: Points  # per-round tree work (prune, bookkeeping): live tree nodes incl. root -> ms
     passes: int = 1  # separate measurements, pairs in turn, combined figure by figure (median_profile)
     # once per round, extra over the warm figures (cold caches; see the module docstring):
-    verify_cold_ms: float = 0.0  # the verify of a round with a mid call forward
+    verify_cold_points: Points = ()  # the verify after a mid forward: its tokens -> ms (() w/o mid)
     mid_cold_ms: float = 0.0  # the first mid call forward of a round
     decision_cold_ms: float = 0.0  # the first decision of a round
 
@@ -134,6 +136,9 @@ class LatencyProfile:
             raise ValueError(f"passes must be an integer >= 1, got {self.passes!r}")
         object.__setattr__(self, "verify_points", _clean_points("verify_points", self.verify_points))
         object.__setattr__(self, "tree_points", _clean_points("tree_points", self.tree_points))
+        object.__setattr__(
+            self, "verify_cold_points", _clean_points("verify_cold_points", self.verify_cold_points)
+        )
         object.__setattr__(self, "mid_tokens", tuple(int(n) for n in self.mid_tokens))
         object.__setattr__(self, "mid_fed", tuple(int(n) for n in self.mid_fed))
         grid = tuple(tuple(float(ms) for ms in row) for row in self.mid_grid_ms)
@@ -157,7 +162,6 @@ class LatencyProfile:
             "decision_ms",
             "ar_token_ms",
             "mid_end_ms",
-            "verify_cold_ms",
             "mid_cold_ms",
             "decision_cold_ms",
         ):
@@ -172,6 +176,11 @@ class LatencyProfile:
         if n_nodes < 1:
             raise ValueError(f"a verified tree has at least the root, got n_nodes={n_nodes}")
         return interpolate(self.verify_points, n_nodes)
+
+    def verify_cold_ms(self, counts: RoundCounts) -> float:
+        """The verify's extra cost in a round whose last mid forward fed n tokens (0 without one)."""
+        last = [t for t in counts.mid_call_tokens if t > 0]
+        return interpolate(self.verify_cold_points, last[-1]) if last and self.verify_cold_points else 0.0
 
     def mid_ms(self, n_tokens: int, n_fed: int = 0) -> float:
         """One mid-drafter call forwarding n_tokens on top of n_fed tree nodes fed earlier this round."""
@@ -303,7 +312,7 @@ def round_parts(profile: LatencyProfile, counts: RoundCounts) -> dict[str, float
     cold_mid = counts.mid_forwards
     cold_decision = profile.decision_cold_ms if counts.decisions else 0.0
     return {
-        "verify": profile.verify_ms(counts.verified_nodes) + (profile.verify_cold_ms if cold_mid else 0.0),
+        "verify": profile.verify_ms(counts.verified_nodes) + profile.verify_cold_ms(counts),
         "mid": sum(profile.mid_ms(t, f) for t, f in mid_calls) + (profile.mid_cold_ms if cold_mid else 0.0),
         "ngram": profile.small_ms(counts.small_steps, counts.small_frontier),
         "scheduler": counts.decisions * profile.decision_ms + cold_decision,
@@ -376,7 +385,7 @@ def compare_profiles(a: LatencyProfile, b: LatencyProfile) -> list[Agreement]:
 _SAME = ("pair", "device", "device_name", "torch_threads", "clock", "torch_version", "dtype", "context_len",
          "warmup", "samples_per_repeat", "mid_tokens", "mid_fed")  # fmt: skip
 _MEDIANS = ("ngram_step_ms", "ngram_node_ms", "ngram_mean_frontier", "decision_ms", "ar_token_ms",
-            "mid_end_ms", "verify_cold_ms", "mid_cold_ms", "decision_cold_ms")  # fmt: skip
+            "mid_end_ms", "mid_cold_ms", "decision_cold_ms")  # fmt: skip
 
 
 def median_profile(passes: Sequence[LatencyProfile]) -> LatencyProfile:
@@ -389,7 +398,7 @@ def median_profile(passes: Sequence[LatencyProfile]) -> LatencyProfile:
         raise ValueError("median_profile needs at least one pass")
     first = passes[0]
     for other in passes[1:]:
-        for name in (*_SAME, "verify_points", "tree_points"):
+        for name in (*_SAME, "verify_points", "tree_points", "verify_cold_points"):
             a, b = getattr(first, name), getattr(other, name)
             if name.endswith("_points"):
                 a, b = [n for n, _ in a], [n for n, _ in b]
@@ -415,6 +424,7 @@ def median_profile(passes: Sequence[LatencyProfile]) -> LatencyProfile:
         passes=sum(p.passes for p in passes),
         verify_points=points("verify_points"),
         tree_points=points("tree_points"),
+        verify_cold_points=points("verify_cold_points"),
         mid_grid_ms=grid,
         **{name: med([getattr(p, name) for p in passes]) for name in _MEDIANS},
     )

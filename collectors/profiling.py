@@ -21,8 +21,10 @@ a mid) is built by the decoder's RoundBuilder on that context. Timed, as the dec
   up to 1.5x what autoregressive decoding pays per token on the tiny zoo models (0.94-1.07 vs
   0.71-0.75 ms on zoo-m), which inflated every priced speedup of the cheap pairs.
 - cold-cache round terms (collectors.latency), each a job timed right after that untimed target
-  forward, less its warm figure (floored at 0): the verify of the pair's tree with a mid
-  call (one token) in between, less verify(pair's tree); a one-token mid call on no fed nodes,
+  forward, less its warm figure (floored at 0): the verify of the pair's tree with a mid call of
+  n tokens in between (n: `cold_call_sizes`; a larger call evicts more: zoo-s's 8-node verify cost
+  0.84 / 0.89 / 1.02 ms after 1 / 16 / 100 tokens, 0.79 after a verify), less verify(pair's
+  tree); a one-token mid call on no fed nodes,
   less mid(1, 0); one decision on a real first-step state (in turn), less the decision figure.
   Without them the profile priced zoo-chat-m's mid time at 0.72 and its decisions at 0.54 of what
   decoding paid (benchmarks/bench_pricing.py --components).
@@ -145,6 +147,12 @@ def _mid_job(ref: Reference, big: DraftTree, n_new: int, n_fed: int) -> Job:
     return Job(setup, lambda state: ref.builder.mid_step(state, ref.context, 2))
 
 
+def cold_call_sizes(mid_tokens: Sequence[int]) -> tuple[int, ...]:
+    """The sizes of a round's last mid call the verify's cold term is timed after: the grid's
+    smallest, middle and largest token counts (1, 16 and 128 by default)."""
+    return tuple(sorted({mid_tokens[0], mid_tokens[len(mid_tokens) // 2], mid_tokens[-1]}))
+
+
 def _mid_end_job(ref: Reference, big: DraftTree, n_fed: int) -> Job:
     """MidDrafter.end_round after a round that fed n_fed nodes, keeping the deepest node's path."""
     tree = prefix_tree(big, max(1, n_fed))
@@ -222,13 +230,16 @@ def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: Tre
             after_verify()
             return one.setup()
 
-        def after_mid() -> DraftTree:  # untimed: the previous verify, then a mid call
-            after_verify()
-            one.run(one.setup())
-            return pair_tree
-
         jobs["mid_cold", n_one, f_one] = Job(first_mid, one.run)
-        jobs["verify_cold", grid.verify[-1]] = Job(after_mid, lambda t: verifier.verify(t, 0.0, rng))
+        for n in cold_call_sizes(grid.mid_tokens):
+            last = _mid_job(ref, big, n, grid.mid_fed[0])
+
+            def after_mid(call: Job = last) -> DraftTree:  # untimed: a target forward, then a mid call
+                after_verify()
+                call.run(call.setup())
+                return pair_tree
+
+            jobs["verify_cold", n] = Job(after_mid, lambda t: verifier.verify(t, 0.0, rng))
         jobs["mid_end", 0] = _mid_end_job(ref, big, max(grid.mid_fed))
         for f in grid.mid_fed:
             for n in grid.mid_tokens:
@@ -337,6 +348,8 @@ def measure_profile(
     small = fit_small_step({f: v[0] for f, v in ngram.items()}, {f: v[1] for f, v in ngram.items()})
 
     one_call = (grid.mid_tokens[0], grid.mid_fed[0]) if grid.mid_tokens else ()
+    cold_sizes = cold_call_sizes(grid.mid_tokens) if grid.mid_tokens else ()
+    warm_verify = ("verify", grid.verify[-1])
 
     def cold(key: Key, warm: Key) -> float:  # extra over the warm figure (0 where not timed: no mid)
         return max(0.0, ms[key] - ms[warm]) if key in ms else 0.0
@@ -358,7 +371,7 @@ def measure_profile(
         mid_fed=grid.mid_fed,
         mid_grid_ms=tuple(tuple(ms["mid", n, f] for n in grid.mid_tokens) for f in grid.mid_fed),
         mid_end_ms=ms.get(("mid_end", 0), 0.0),
-        verify_cold_ms=cold(("verify_cold", grid.verify[-1]), ("verify", grid.verify[-1])),
+        verify_cold_points=tuple((n, cold(("verify_cold", n), warm_verify)) for n in cold_sizes),
         mid_cold_ms=cold(("mid_cold", *one_call), ("mid", *one_call)),
         decision_cold_ms=cold(("decision_cold", 0), ("decision", 0)),
         ngram_step_ms=small[0],

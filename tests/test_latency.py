@@ -117,7 +117,8 @@ def test_measured_profile_is_sane(measured: LatencyProfile) -> None:
     values = [ms for _, ms in measured.verify_points + measured.tree_points]
     values += [ms for row in measured.mid_grid_ms for ms in row]
     scalars = [measured.decision_ms, measured.ar_token_ms, measured.small_ms(1), measured.mid_end_ms]
-    colds = [measured.verify_cold_ms, measured.mid_cold_ms, measured.decision_cold_ms]
+    colds = [measured.mid_cold_ms, measured.decision_cold_ms, *(ms for _, ms in measured.verify_cold_points)]
+    assert [n for n, _ in measured.verify_cold_points] == [1, 8]  # the grid's smallest, middle, largest
     assert all(math.isfinite(v) and v >= 0 for v in colds)  # extras over warm figures, floored at 0
     assert all(math.isfinite(v) and v > 0 for v in values + scalars)
     assert measured.ngram_step_ms >= 0 and measured.ngram_node_ms >= 0
@@ -142,7 +143,7 @@ def test_pair_without_mid_has_no_mid_costs(pair) -> None:
         False,
         0,
     )
-    assert prof.mid_cold_ms == prof.verify_cold_ms == 0.0  # their jobs need a mid call
+    assert prof.mid_cold_ms == 0.0 and prof.verify_cold_points == ()  # their jobs need a mid call
     with pytest.raises(ValueError, match="no mid-drafter timings"):
         prof.mid_ms(3)
     assert price_round(prof, RoundCounts(3, (), 5, 5)) > 0
@@ -296,20 +297,30 @@ def test_price_round_arithmetic() -> None:
 def test_cold_terms_are_charged_once_per_round_that_pays_them() -> None:
     """A round pays each cold-cache term once, whatever the number of calls or decisions, and only
     when it runs the work that follows the other model: a mid forward (mid and verify terms), a
-    decision (decision term). A mid call of 0 tokens runs no forward and pays no cold term."""
+    decision (decision term); the verify's term is read at the tokens of the round's last mid
+    forward. A mid call of 0 tokens runs no forward and pays no cold term."""
     warm = linear_profile()
-    cold = linear_profile(verify_cold_ms=0.7, mid_cold_ms=0.5, decision_cold_ms=0.3)
-    for tokens in ((), (0,), (4,), (4, 8, 2)):
+    verify_cold = ((1, 0.2), (16, 0.5), (128, 0.9))
+    cold = linear_profile(verify_cold_points=verify_cold, mid_cold_ms=0.5, decision_cold_ms=0.3)
+    for tokens, after in (
+        ((), 0.0),
+        ((0,), 0.0),
+        ((4,), 0.2 + 0.3 * 3 / 15),
+        ((4, 16, 0), 0.5),
+        ((2, 100), 0.8),
+    ):
         for decisions in (0, 1, 5):
             counts = RoundCounts(10, tokens, 5 - len(tokens), decisions)
             extra = price_round(cold, counts) - price_round(warm, counts)
-            want = (0.7 + 0.5 if any(tokens) else 0.0) + (0.3 if decisions else 0.0)
+            want = after + (0.5 if any(tokens) else 0.0) + (0.3 if decisions else 0.0)
             assert extra == pytest.approx(want), (tokens, decisions)
             parts, warm_parts = round_parts(cold, counts), round_parts(warm, counts)
-            assert parts["verify"] - warm_parts["verify"] == pytest.approx(0.7 if any(tokens) else 0.0)
+            assert parts["verify"] - warm_parts["verify"] == pytest.approx(after)
             assert parts["scheduler"] - warm_parts["scheduler"] == pytest.approx(0.3 if decisions else 0.0)
     with pytest.raises(ValueError, match="mid_cold_ms"):
         linear_profile(mid_cold_ms=-1.0)
+    with pytest.raises(ValueError, match="verify_cold_points"):
+        linear_profile(verify_cold_points=((16, 0.5), (1, 0.2)))
 
 
 def test_fed_counts_leave_catch_up_out() -> None:

@@ -118,7 +118,7 @@ def test_round_parts_follow_the_decoders_round_clock(setup) -> None:
     rounds += [r for p in prompts for r in generate(pair, p, "all-small", config, runtime).rounds]
     assert any(counts_from_round(r).mid_call_tokens for r in rounds)
     assert any(not counts_from_round(r).mid_call_tokens for r in rounds)
-    cold = replace(profile, verify_cold_ms=0.3, mid_cold_ms=0.2, decision_cold_ms=0.1)
+    cold = replace(profile, verify_cold_points=((1, 0.1), (64, 0.3)), mid_cold_ms=0.2, decision_cold_ms=0.1)
     for r in rounds:
         counts = counts_from_round(r)
         for prof in (profile, cold):
