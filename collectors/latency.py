@@ -300,9 +300,6 @@ def counts_from_round(stats: RoundStats) -> RoundCounts:
     )
 
 
-ROUND_PARTS = ("verify", "mid", "ngram", "scheduler", "tree")  # decoder.timing.COMPONENTS
-
-
 def round_parts(profile: LatencyProfile, counts: RoundCounts) -> dict[str, float]:
     """Modelled ms of one round, split the way the decoder's round clock (RoundStats.times) splits
     it: each cold-cache term with the component it slows; MidDrafter.end_round and the n-gram

@@ -22,7 +22,7 @@ a mid) is built by the decoder's RoundBuilder on that context. Timed, as the dec
   0.71-0.75 ms on zoo-m), which inflated every priced speedup of the cheap pairs.
 - cold-cache round terms (collectors.latency), each a job timed right after that untimed target
   forward, less its warm figure (floored at 0): the verify of the pair's tree with a mid call of
-  n tokens in between (n: `cold_call_sizes`; a larger call evicts more: zoo-s's 8-node verify cost
+  n tokens in between (n: `Grid.last_calls`; a larger call evicts more: zoo-s's 8-node verify cost
   0.84 / 0.89 / 1.02 ms after 1 / 16 / 100 tokens, 0.79 after a verify), less verify(pair's
   tree); a one-token mid call on no fed nodes,
   less mid(1, 0); one decision on a real first-step state (in turn), less the decision figure.
@@ -94,6 +94,18 @@ class Grid:
     mid_fed: tuple[int, ...]
 
     @property
+    def first_call(self) -> tuple[int, ...]:
+        """(tokens, fed) of the mid_cold job: the grid's smallest call, (1, 0) by default; () w/o a mid."""
+        return (self.mid_tokens[0], self.mid_fed[0]) if self.mid_tokens else ()
+
+    @property
+    def last_calls(self) -> tuple[int, ...]:
+        """Token counts of the round's last mid call the verify's cold term is timed after: the grid's
+        smallest, middle and largest (1, 16 and 128 by default); () without a mid."""
+        t = self.mid_tokens
+        return tuple(sorted({t[0], t[len(t) // 2], t[-1]})) if t else ()
+
+    @property
     def max_nodes(self) -> int:
         mid = max(self.mid_fed) + max(self.mid_tokens) if self.mid_tokens else 1
         return max(max(self.verify), max(self.tree), mid)
@@ -145,12 +157,6 @@ def _mid_job(ref: Reference, big: DraftTree, n_new: int, n_fed: int) -> Job:
         )
 
     return Job(setup, lambda state: ref.builder.mid_step(state, ref.context, 2))
-
-
-def cold_call_sizes(mid_tokens: Sequence[int]) -> tuple[int, ...]:
-    """The sizes of a round's last mid call the verify's cold term is timed after: the grid's
-    smallest, middle and largest token counts (1, 16 and 128 by default)."""
-    return tuple(sorted({mid_tokens[0], mid_tokens[len(mid_tokens) // 2], mid_tokens[-1]}))
 
 
 def _mid_end_job(ref: Reference, big: DraftTree, n_fed: int) -> Job:
@@ -223,15 +229,14 @@ def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: Tre
             lambda t=tree: t, lambda t: (t.prune(cfg.budget), ref.ngram.cache.set_rows(*rows))
         )
     if ref.mid is not None:
-        n_one, f_one = grid.mid_tokens[0], grid.mid_fed[0]  # (1, 0): a one-token call on no fed nodes
-        one = _mid_job(ref, big, n_one, f_one)
+        one = _mid_job(ref, big, *grid.first_call)
 
         def first_mid() -> BuildState:
             after_verify()
             return one.setup()
 
-        jobs["mid_cold", n_one, f_one] = Job(first_mid, one.run)
-        for n in cold_call_sizes(grid.mid_tokens):
+        jobs["mid_cold", *grid.first_call] = Job(first_mid, one.run)
+        for n in grid.last_calls:
             last = _mid_job(ref, big, n, grid.mid_fed[0])
 
             def after_mid(call: Job = last) -> DraftTree:  # untimed: a target forward, then a mid call
@@ -347,8 +352,6 @@ def measure_profile(
     ngram = {key[1]: (ms[key], jobs[key].units) for key in jobs if key[0] == "ngram"}
     small = fit_small_step({f: v[0] for f, v in ngram.items()}, {f: v[1] for f, v in ngram.items()})
 
-    one_call = (grid.mid_tokens[0], grid.mid_fed[0]) if grid.mid_tokens else ()
-    cold_sizes = cold_call_sizes(grid.mid_tokens) if grid.mid_tokens else ()
     warm_verify = ("verify", grid.verify[-1])
 
     def cold(key: Key, warm: Key) -> float:  # extra over the warm figure (0 where not timed: no mid)
@@ -371,8 +374,8 @@ def measure_profile(
         mid_fed=grid.mid_fed,
         mid_grid_ms=tuple(tuple(ms["mid", n, f] for n in grid.mid_tokens) for f in grid.mid_fed),
         mid_end_ms=ms.get(("mid_end", 0), 0.0),
-        verify_cold_points=tuple((n, cold(("verify_cold", n), warm_verify)) for n in cold_sizes),
-        mid_cold_ms=cold(("mid_cold", *one_call), ("mid", *one_call)),
+        verify_cold_points=tuple((n, cold(("verify_cold", n), warm_verify)) for n in grid.last_calls),
+        mid_cold_ms=cold(("mid_cold", *grid.first_call), ("mid", *grid.first_call)),
         decision_cold_ms=cold(("decision_cold", 0), ("decision", 0)),
         ngram_step_ms=small[0],
         ngram_node_ms=small[1],
