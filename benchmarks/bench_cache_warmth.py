@@ -41,7 +41,7 @@ import torch
 from benchmarks.pair_sources import TINY, load_named
 from collectors.plan import pair_tree
 from collectors.profile_rounds import Reference, grown, prefix_tree, real_rounds, reference_context
-from collectors.profiling import _mid_job
+from collectors.profiling import mid_job
 from config.params import load_params, resolve
 from decoder.config import TreeConfig
 
@@ -80,13 +80,13 @@ def measure_pair(
 
     rows: list[dict[str, object]] = []
     if ref.mid is not None:
-        warm_mid = _mid_job(ref, big, 16, 0)
+        warm_mid = mid_job(ref, big, 16, 0)
 
         def mid_call() -> None:
             warm_mid.run(warm_mid.setup())
 
         for tokens, fed in ((1, 0), (16, 0), (1, 16)):
-            job = _mid_job(ref, big, tokens, fed)
+            job = mid_job(ref, big, tokens, fed)
             for name, before in (("verify", verify_pair_tree), ("mid", mid_call)):
                 ms = timed(before, job.setup, job.run, n, skip)
                 rows.append({"component": "mid", "tokens": tokens, "fed": fed, "after": name, "ms": ms})
@@ -97,7 +97,7 @@ def measure_pair(
             befores.append(("mid", mid_call))
         if ref.mid is not None:  # the last mid call of a round forwards 1 to W x topk tokens
             for tokens in (1, cfg.width * cfg.topk):
-                call = _mid_job(ref, big, tokens, 0)
+                call = mid_job(ref, big, tokens, 0)
                 befores.append((f"mid {tokens} tok", lambda c=call: c.run(c.setup())))
         for name, before in befores:
             ms = timed(before, ref.rewind_target, lambda _, t=tree: ref.verifier.verify(t, 0.0, rng), n, skip)

@@ -31,7 +31,7 @@ import torch
 
 from benchmarks.pair_sources import TINY, load_named
 from collectors.profile_rounds import Reference, grown, real_rounds, reference_context
-from collectors.profiling import _jobs, make_grid, profile_clock, robust_medians
+from collectors.profiling import grid_jobs, make_grid, profile_clock, robust_medians
 from config.params import load_params, resolve
 from decoder.config import TreeConfig
 
@@ -68,7 +68,7 @@ def main() -> None:
         biggest = max(real.trees, key=len)
         rng = np.random.default_rng(0)
         big = grown(biggest, grid.max_nodes, pair.vocab_size, rng, max(*biggest.depths, cfg.depth))
-        jobs = _jobs(ref, real, big, grid, cfg)
+        jobs = grid_jobs(ref, real, big, grid, cfg)
         clock, _ = profile_clock(pair.target.device)
         for mix, kinds in MIXES.items():
             keys = [k for k in jobs if k[0] == "verify" or k[0] in kinds]

@@ -147,7 +147,9 @@ def fit_small_step(ms: dict[int, float], counts: dict[int, int]) -> tuple[float,
     return fixed, slope, mean_x
 
 
-def _mid_job(ref: Reference, big: DraftTree, n_new: int, n_fed: int) -> Job:
+def mid_job(ref: Reference, big: DraftTree, n_new: int, n_fed: int) -> Job:
+    """One mid forward of n_new nodes after n_fed already fed this round (the benchmarks reuse it)."""
+
     def setup() -> BuildState:
         ref.rewind_mid()
         if n_fed:
@@ -172,7 +174,9 @@ def _mid_end_job(ref: Reference, big: DraftTree, n_fed: int) -> Job:
     return Job(setup, lambda path: ref.mid.end_round(path))  # type: ignore[union-attr]
 
 
-def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: TreeConfig) -> dict[Key, Job]:
+def grid_jobs(
+    ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: TreeConfig
+) -> dict[Key, Job]:
     """Every timed component of the profile, keyed (component, *sizes)."""
     rng = np.random.default_rng(0)  # only used by sampling, which the greedy verify never does
     verifier, ctx = ref.verifier, ref.context
@@ -229,7 +233,7 @@ def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: Tre
             lambda t=tree: t, lambda t: (t.prune(cfg.budget), ref.ngram.cache.set_rows(*rows))
         )
     if ref.mid is not None:
-        one = _mid_job(ref, big, *grid.first_call)
+        one = mid_job(ref, big, *grid.first_call)
 
         def first_mid() -> BuildState:
             after_verify()
@@ -237,7 +241,7 @@ def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: Tre
 
         jobs["mid_cold", *grid.first_call] = Job(first_mid, one.run)
         for n in grid.last_calls:
-            last = _mid_job(ref, big, n, grid.mid_fed[0])
+            last = mid_job(ref, big, n, grid.mid_fed[0])
 
             def after_mid(call: Job = last) -> DraftTree:  # untimed: a target forward, then a mid call
                 after_verify()
@@ -248,7 +252,7 @@ def _jobs(ref: Reference, real: RealRounds, big: DraftTree, grid: Grid, cfg: Tre
         jobs["mid_end", 0] = _mid_end_job(ref, big, max(grid.mid_fed))
         for f in grid.mid_fed:
             for n in grid.mid_tokens:
-                jobs["mid", n, f] = _mid_job(ref, big, n, f)
+                jobs["mid", n, f] = mid_job(ref, big, n, f)
     return jobs
 
 
@@ -347,7 +351,7 @@ def measure_profile(
     big = grown(
         biggest, grid.max_nodes, pair.vocab_size, np.random.default_rng(seed), max(*biggest.depths, cfg.depth)
     )
-    jobs = _jobs(ref, real, big, grid, cfg)
+    jobs = grid_jobs(ref, real, big, grid, cfg)
     ms = robust_medians(jobs, clock, warmup, repeats, samples_per_repeat, seed, f"profile {name}")
     ngram = {key[1]: (ms[key], jobs[key].units) for key in jobs if key[0] == "ngram"}
     small = fit_small_step({f: v[0] for f, v in ngram.items()}, {f: v[1] for f, v in ngram.items()})
