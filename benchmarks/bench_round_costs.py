@@ -8,12 +8,14 @@ Usage (after `python -m models.real_pair` for the real pair; any registered pair
 
 Prompts: the held-back questions from evaluate.prompt_start on, as bench_real_pair.py takes them.
 Each prompt is decoded by AR and then by the policy (greedy, checked identical), back to back after
-one shared warm-up. Printed per prompt: both walls and their ratio; both prefills (the speculative
-one also computes the target's top-m rows at every prompt position for the n-gram drafter, AR keeps
-the last position's logits only); the speculative rounds split into root-only rounds (no draft: one
-target step) and rounds that verified a tree, with their median verify ms and accepted tokens; and
-AR's decode ms per step and its step count. What it answers: whether a slowdown against AR comes
-from failed drafts (tree rounds that accept nothing), from the prefill's rows, or from root-only
+one shared warm-up. Printed per prompt: both walls and their ratio; both prefills (both keep the
+last position's logits only; the speculative decode computes a prompt position's top-m row, 16
+positions at a time, when its n-gram drafter first reads it, inside the rounds), and what the rows
+of every prompt position cost on their own (timed after the decodes: what the prefill paid for them
+before they were computed on demand); the speculative rounds split into root-only rounds (no draft:
+one target step) and rounds that verified a tree, with their median verify ms and accepted tokens;
+and AR's decode ms per step and its step count. What it answers: whether a slowdown against AR comes
+from failed drafts (tree rounds that accept nothing), from the prompt's rows, or from root-only
 rounds costing more than an AR step. Both prefills run the whole prompt and yield the first new
 token, so the rounds and AR's steps cover the same tokens. Timing-sensitive: run it alone.
 """
@@ -38,6 +40,8 @@ from config.params import load_params
 from decoder.config import DecodeConfig
 from decoder.generate import GenerationResult, autoregressive, generate
 from decoder.models import load_pair
+from decoder.timing import make_clock
+from decoder.verify import TargetVerifier
 
 
 def rounds_line(res: GenerationResult) -> str:
@@ -91,10 +95,16 @@ def main() -> None:
         if res.new_tokens != ar.new_tokens:
             raise SystemExit(f"{ds}: the {args.policy} output differs from AR's")
         ar_step = (ar.wall_s - ar.prefill_s) * 1e3 / max(1, len(ar.new_tokens) - 1)
+        clock = make_clock(pair.target.device)
+        head = TargetVerifier(pair.target, pair.vocab_size, tree.topk).prefill(prompt)
+        t0 = clock()
+        head.rows.all()  # every prompt position's row, as the prefill computed them before
+        rows_s = clock() - t0
         print(
             f"{ds:<10} {len(prompt):>4} prompt tokens, {len(ar.new_tokens):>3} new: wall AR "
             f"{ar.wall_s:.2f} s, {args.policy} {res.wall_s:.2f} s ({ar.wall_s / res.wall_s:.3f}x); "
-            f"prefill AR {ar.prefill_s:.2f} s, spec {res.prefill_s:.2f} s; AR step {ar_step:.0f} ms "
+            f"prefill AR {ar.prefill_s:.2f} s, spec {res.prefill_s:.2f} s (every prompt row: "
+            f"{rows_s:.2f} s more); AR step {ar_step:.0f} ms "
             f"x {len(ar.new_tokens) - 1}; {len(res.rounds)} rounds: {rounds_line(res)}"
         )
 

@@ -205,7 +205,7 @@ def _speculative(
     builder = RoundBuilder(cfg, ngram, mid, clock)
     head = verifier.prefill(prompt)
     ngram.commit(prompt)
-    ngram.cache.set_rows(head.top.start, head.top.tokens, head.top.logps)
+    ngram.cache.set_source(head.rows)  # the prompt's rows, each block computed when first read
     committed = list(prompt)
     out = Output(config.max_new_tokens, pair.eos_token_ids)
     first = next_token(head.logits, config.temperature, rng)  # as the baseline's prefill yields it

@@ -6,7 +6,9 @@ Contract (token ids only, no torch):
   before it (most recent last). It is extended incrementally with accepted tokens, never rebuilt:
   O(max_n) per token.
 - `TargetLogpCache` holds, for committed position i, the target's top-m next-token log-probs
-  (filled at prefill, refreshed at accepted positions after each verification).
+  (refreshed at accepted positions after each verification). The prompt's rows come from a
+  `RowSource` (`set_source`: the prefill's, decoder/verify.py) a block at a time, the first time a
+  position of the block is read: the drafter reads only the rows its matches continue from.
 - `NgramDrafter.propose(suffix)` matches the longest suffix (min_n <= n <= max_n; `min_n` = 2 drops
   one-token matches, the least reliable drafts, so a round without a longer match drafts nothing and
   verifies the root alone, one plain target step) of context + draft path and
@@ -26,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import Protocol
 
 from decoder.config import TreeConfig
 
@@ -85,12 +88,40 @@ class NgramIndex:
         return []
 
 
+class Rows(Protocol):
+    """Top-m rows of consecutive positions from `start` (decoder.verify.TopLogps)."""
+
+    start: int
+    tokens: list[list[int]]
+    logps: list[list[float]]
+
+
+class RowSource(Protocol):
+    """Rows of positions start..start+count-1, computed on demand a block at a time."""
+
+    start: int
+    count: int
+
+    def block(self, position: int) -> Rows:
+        """The rows of a block of positions that holds `position`."""
+        ...
+
+
 class TargetLogpCache:
     """Target top-m next-token log-probs per committed position, with a per-position floor."""
 
     def __init__(self) -> None:
         self.entries: list[dict[int, float] | None] = []
         self.floors: list[float] = []
+        self._source: RowSource | None = None
+
+    def set_source(self, source: RowSource) -> None:
+        """Positions source.start.. (with no row yet) take their rows from `source` when first read."""
+        need = source.start + source.count
+        if len(self.entries) < need:
+            self.entries.extend([None] * (need - len(self.entries)))
+            self.floors.extend([0.0] * (need - len(self.floors)))
+        self._source = source
 
     def set_rows(self, start: int, token_rows: list[list[int]], logp_rows: list[list[float]]) -> None:
         """Store rows for positions start, start+1, ...; earlier positions must already exist."""
@@ -108,6 +139,11 @@ class TargetLogpCache:
 
     def logp(self, position: int, token: int) -> float:
         entry = self.entries[position]
+        src = self._source
+        if entry is None and src is not None and src.start <= position < src.start + src.count:
+            rows = src.block(position)
+            self.set_rows(rows.start, rows.tokens, rows.logps)
+            entry = self.entries[position]
         if entry is None:
             raise KeyError(f"no target log-probs cached for position {position}")
         return entry.get(token, self.floors[position])

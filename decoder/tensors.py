@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-# Prefill logits are reduced to top-m rows this many positions at a time (bounded memory).
-PREFILL_CHUNK = 512
+# A prompt's top-m rows are computed this many positions at a time, in blocks aligned to position 0,
+# and only for the blocks the n-gram drafter reads (decoder/verify.py PromptRows): a block's rows are
+# the same numbers whether it is computed alone or with the others.
+ROW_BLOCK = 16
 
 
 @dataclass(frozen=True)
@@ -136,34 +138,25 @@ def forward_prefill(
     cache: DynamicCache,
     block: QueryBlock,
     vocab_size: int,
-    m: int,
     layers: tuple[int, ...] = (),
-    chunk: int = PREFILL_CHUNK,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One forward over a causal block (a prompt): the top-m next-token (log-probs, ids) of every
-    query, each [q, m]; the last query's fp32 next-token logits [V]; and the hidden states at
-    `layers` ([q, L * H], None when no layers are asked).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One forward over a causal block (a prompt): the final hidden state of every query [q, H]
+    (for `top_logps_of`, on demand), the last query's fp32 next-token logits [V], and the hidden
+    states at `layers` ([q, L * H], None when no layers are asked).
 
-    The model's body runs once; its output head is applied `chunk` positions at a time for the
-    top-m rows, so memory is O(chunk x V) and the full [q, V] logits (or fp32 log-softmax over
-    them) never exist.
-
-    The last row goes through the output head exactly as the model's own forward does with
+    The output head runs on the last row only, exactly as the model's own forward does with
     logits_to_keep=1 (the [1, 1, H] slice, softcapping in the model's dtype, then fp32), so the
     first token drawn from it is the autoregressive baseline's first token.
     """
-    if chunk <= 0:
-        raise ValueError(f"chunk must be positive, got {chunk}")
     if not block.is_causal or not block.tokens:
         raise ValueError("a prefill block is a non-empty causal block")
     _check_cache(cache, block)
     body = model.get_decoder()
     out = body(**_model_inputs(model, block), cache=cache, use_cache=True, output_hidden_states=bool(layers))
     hidden = out.last_hidden_state
-    vals, ids = _top_logps_of(model, hidden[0], vocab_size, m, chunk)
     last = _softcap(model, model.get_output_embeddings()(hidden[:, -1:, :]))
     feats = layer_features(out.hidden_states, layers) if layers else None
-    return vals, ids, last[0, -1, :vocab_size].float(), feats
+    return hidden[0], last[0, -1, :vocab_size].float(), feats
 
 
 def _softcap(model: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
@@ -173,22 +166,18 @@ def _softcap(model: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
-def _top_logps_of(
-    model: torch.nn.Module, hidden: torch.Tensor, vocab_size: int, m: int, chunk: int
+@torch.inference_mode()
+def top_logps_of(
+    model: torch.nn.Module, hidden: torch.Tensor, vocab_size: int, m: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-m (log-probs, ids) of the output head over `hidden`, `chunk` rows at a time."""
-    head = model.get_output_embeddings()
+    """Top-m (log-probs, ids) of the output head over final hidden states [n, H], each [n, m]."""
     k = min(m, vocab_size)
-    vals, ids = [], []
-    for s in range(0, hidden.shape[0], chunk):
-        logits = _softcap(model, head(hidden[s : s + chunk])[:, :vocab_size].float())
-        top, idx = torch.topk(logits, k=k, dim=-1)
-        vals.append(top - torch.logsumexp(logits, dim=-1, keepdim=True))
-        ids.append(idx)
-    if not vals:
+    if hidden.shape[0] == 0:
         empty = torch.zeros((0, k), device=hidden.device)
         return empty, empty.long()
-    return torch.cat(vals), torch.cat(ids)
+    logits = _softcap(model, model.get_output_embeddings()(hidden)[:, :vocab_size].float())
+    top, idx = torch.topk(logits, k=k, dim=-1)
+    return top - torch.logsumexp(logits, dim=-1, keepdim=True), idx
 
 
 def causal_block(tokens: list[int], start: int, prefix_len: int) -> QueryBlock:

@@ -16,8 +16,9 @@ output_hidden_states), so the other policies pay nothing.
 
 Host work per round does not grow with the context: the mask is built on the device for the new
 block only, compaction gathers O(accepted) rows, greedy acceptance brings one argmax per node to the
-host and sampling keeps the probability rows on the device (decoder/device_rows.py). Prefill keeps
-only the top-m rows the n-gram cache needs, reduced a chunk at a time.
+host and sampling keeps the probability rows on the device (decoder/device_rows.py). Prefill runs
+the output head on the last position only; the prompt's top-m rows come from its final hidden
+states on demand, a block of positions at a time, only for the blocks the n-gram drafter reads.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ from decoder.device_rows import TorchRow
 from decoder.feature_rows import FeatureRows, check_feature_layers
 from decoder.sampling import sample_walk
 from decoder.tensors import (
+    ROW_BLOCK,
     QueryBlock,
     causal_block,
     compact_cache,
     forward_block,
     forward_block_features,
     forward_prefill,
+    top_logps_of,
 )
 from decoder.tree import DraftTree
 
@@ -52,13 +55,50 @@ class TopLogps:
     logps: list[list[float]]
 
 
+class PromptRows:
+    """A prompt's top-m rows (positions 0..L-1), computed from the prefill's final hidden states
+    ROW_BLOCK positions at a time (blocks aligned to position 0), only when asked.
+
+    The n-gram drafter reads the rows of the positions its matches continue from, often few of a
+    prompt's, and a row costs the output head over the whole vocabulary (on a 150k-token vocabulary
+    in fp32 on a CPU, a prompt's rows cost about one autoregressive step per 20 positions).
+    `block(p)` returns the rows of the block holding p; `all()` every block in turn, so a row is the
+    same number whichever way it was asked for. Nothing is cached here (the caller keeps what it
+    reads: TargetLogpCache); `blocks_computed` counts the blocks computed."""
+
+    def __init__(self, model: torch.nn.Module, hidden: torch.Tensor, vocab_size: int, m: int) -> None:
+        self._model, self._hidden, self._vocab_size, self._m = model, hidden, vocab_size, m
+        self.start = 0
+        self.count = int(hidden.shape[0])
+        self.blocks_computed = 0
+
+    def block(self, position: int) -> TopLogps:
+        if not 0 <= position < self.count:
+            raise IndexError(f"position {position} is outside the prompt's rows 0..{self.count - 1}")
+        lo = position - position % ROW_BLOCK
+        vals, ids = top_logps_of(self._model, self._hidden[lo : lo + ROW_BLOCK], self._vocab_size, self._m)
+        self.blocks_computed += 1
+        return TopLogps(start=lo, tokens=ids.tolist(), logps=vals.tolist())
+
+    def all(self) -> TopLogps:
+        blocks = [self.block(p) for p in range(0, self.count, ROW_BLOCK)]
+        return TopLogps(0, [r for b in blocks for r in b.tokens], [r for b in blocks for r in b.logps])
+
+
 @dataclass(frozen=True)
 class Prefill:
-    """What a prompt's prefill hands the loop: top-m rows of every prompt position (0..L-1) and the
-    target's fp32 next-token logits [V] after the whole prompt (the first new token's row)."""
+    """What a prompt's prefill hands the loop: the top-m rows of every prompt position (0..L-1), on
+    demand, and the target's fp32 next-token logits [V] after the whole prompt (the first new
+    token's row)."""
 
-    top: TopLogps
+    rows: PromptRows
     logits: torch.Tensor
+
+    @property
+    def top(self) -> TopLogps:
+        """Every prompt position's rows, computed now (for replay and profiling; decoding reads
+        them lazily through TargetLogpCache.set_source)."""
+        return self.rows.all()
 
 
 @dataclass(frozen=True)
@@ -109,7 +149,8 @@ class TargetVerifier:
         return self.cache.get_seq_length()
 
     def prefill(self, prompt: list[int]) -> Prefill:
-        """Cache the whole prompt; return its top-m rows (positions 0..L-1) and the logits after it.
+        """Cache the whole prompt; return its top-m rows (positions 0..L-1, computed on demand) and
+        the logits after it.
 
         The caller commits the first new token drawn from those logits; the cache then holds the
         committed context except its last token, which roots the first round."""
@@ -117,12 +158,10 @@ class TargetVerifier:
             raise ValueError("the prompt is empty: a prefill needs at least one token")
         block = causal_block(list(prompt), 0, 0)
         layers = self.feature_layers if self._features is not None else ()
-        vals, ids, logits, feats = forward_prefill(
-            self.model, self.cache, block, self.vocab_size, self.topk, layers
-        )
+        hidden, logits, feats = forward_prefill(self.model, self.cache, block, self.vocab_size, layers)
         if self._features is not None:
             self._features.append(feats)
-        return Prefill(TopLogps(start=0, tokens=ids.tolist(), logps=vals.tolist()), logits)
+        return Prefill(PromptRows(self.model, hidden, self.vocab_size, self.topk), logits)
 
     def prefill_context(self, context: list[int]) -> TopLogps:
         """Cache a reference context but its last token (the root of the trees the caller verifies

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from decoder.config import TreeConfig
 from decoder.ngram import NgramDrafter, NgramIndex, TargetLogpCache
+from decoder.verify import TopLogps
 
 
 @given(st.lists(st.integers(0, 5), max_size=60), st.integers(0, 60))
@@ -101,3 +102,29 @@ def test_min_n_drafts_only_from_matches_of_that_length():
     assert NgramDrafter.for_tree(tree).min_n == 2
     with pytest.raises(ValueError, match=r"ngram_min_n must be in \[1, ngram_max_n=5\]"):
         TreeConfig(ngram_min_n=6)
+
+
+class _Rows:
+    """Rows of positions 0..count-1 in blocks of 4: position p's row is {p: -1.0, p + 1: -2.0}."""
+
+    def __init__(self, count: int) -> None:
+        self.start, self.count, self.asked = 0, count, []
+
+    def block(self, position: int):
+        lo = position - position % 4
+        self.asked.append(lo)
+        ps = range(lo, min(lo + 4, self.count))
+        return TopLogps(lo, [[p, p + 1] for p in ps], [[-1.0, -2.0]] * len(ps))
+
+
+def test_score_cache_computes_a_source_block_on_first_read_only():
+    cache, src = TargetLogpCache(), _Rows(10)
+    cache.set_source(src)
+    cache.set_rows(10, [[7]], [[-0.5]])  # the first verify's row, after the prompt's
+    assert cache.logp(10, 7) == -0.5 and src.asked == []
+    assert cache.logp(5, 5) == -1.0 and cache.logp(6, 7) == -2.0 and cache.logp(7, 99) == -2.0  # floor
+    assert src.asked == [4]  # positions 5-7 share the block 4..7
+    assert cache.logp(9, 9) == -1.0 and src.asked == [4, 8]
+    cache.truncate(3)
+    with pytest.raises(IndexError):
+        cache.logp(5, 5)

@@ -14,9 +14,10 @@ from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.mid import MidDrafter
 from decoder.models import make_pair
-from decoder.tensors import QueryBlock, causal_block, forward_block
+from decoder.ngram import TargetLogpCache
+from decoder.tensors import ROW_BLOCK, QueryBlock, causal_block, forward_block
 from decoder.tree import DraftTree
-from decoder.verify import TargetVerifier
+from decoder.verify import PromptRows, TargetVerifier
 
 
 def random_tree(root: int, vocab: int, n: int, seed: int) -> DraftTree:
@@ -128,3 +129,59 @@ def test_a_speculative_decode_takes_one_target_forward_per_round_plus_the_prefil
     assert sum(r.emitted for r in res.rounds) == 11
     one = generate(pair, prompt, policy, DecodeConfig(max_new_tokens=1))
     assert one.new_tokens == ar.new_tokens[:1] and one.rounds == []
+
+
+def test_prompt_rows_are_the_same_numbers_block_by_block_as_all_at_once():
+    """The decoder reads a prompt's rows a block at a time, replay and profiling all at once: a
+    position's row must not depend on which way it was asked for (tree shapes would differ)."""
+    model = tiny_model("qwen3", seed=34)
+    prompt = [random.Random(10).randrange(1, 96) for _ in range(2 * ROW_BLOCK + 5)]
+    rows = TargetVerifier(model, 96, topk=5).prefill(prompt).rows
+    assert rows.blocks_computed == 0  # the prefill itself runs the output head on the last row only
+    every = rows.all()
+    assert rows.blocks_computed == 3 and len(every.tokens) == len(prompt)
+    for p in (0, ROW_BLOCK - 1, ROW_BLOCK, 2 * ROW_BLOCK + 4):
+        block = rows.block(p)
+        lo = p - p % ROW_BLOCK
+        assert block.start == lo and block.start <= p < block.start + len(block.tokens)
+        assert block.tokens == every.tokens[lo : lo + len(block.tokens)]
+        assert block.logps == every.logps[lo : lo + len(block.logps)]  # exactly, not close
+    with pytest.raises(IndexError, match="outside the prompt"):
+        rows.block(len(prompt))
+
+
+@pytest.mark.parametrize("policy", ["all-small", "10101"])
+def test_a_decode_computes_prompt_rows_only_for_the_blocks_its_drafter_reads(monkeypatch, policy):
+    """Lazily read prompt rows change nothing a decode does (the same tokens, rounds and tree
+    sizes as with every row computed up front) and are computed only for blocks of positions the
+    n-gram drafter read: a prompt that repeats one segment has every n-gram's latest occurrence,
+    the one the drafter continues from, in its last two blocks."""
+    target = tiny_model("llama", seed=35)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=36), eos_token_ids=())
+    segment = random.Random(11).sample(range(1, 96), ROW_BLOCK)
+    prompt = segment * 4 + segment[:3]  # 67 positions, 5 blocks
+    cfg = DecodeConfig(max_new_tokens=24)
+    eager = []
+
+    def set_all(cache: TargetLogpCache, source) -> None:
+        top = source.all()
+        eager.append(source)
+        cache.set_rows(top.start, top.tokens, top.logps)
+
+    with monkeypatch.context() as m:
+        m.setattr(TargetLogpCache, "set_source", set_all)
+        want = generate(pair, prompt, policy, cfg)
+    assert eager and eager[0].blocks_computed == 5
+    sources, asked, read = [], [], []
+    set_source, block, logp = TargetLogpCache.set_source, PromptRows.block, TargetLogpCache.logp
+    monkeypatch.setattr(TargetLogpCache, "set_source", lambda c, s: sources.append(s) or set_source(c, s))
+    monkeypatch.setattr(PromptRows, "block", lambda r, p: asked.append(p) or block(r, p))
+    monkeypatch.setattr(TargetLogpCache, "logp", lambda c, p, t: read.append(p) or logp(c, p, t))
+    got = generate(pair, prompt, policy, cfg)
+    assert got.new_tokens == want.new_tokens
+    strip = [(r.accepted, r.emitted, r.tree_size, r.verified_size, r.mid_calls) for r in got.rounds]
+    assert strip == [(r.accepted, r.emitted, r.tree_size, r.verified_size, r.mid_calls) for r in want.rounds]
+    read_blocks = {p // ROW_BLOCK for p in read if p < len(prompt)}
+    assert read_blocks and read_blocks <= {3, 4}
+    assert sorted(p // ROW_BLOCK for p in asked) == sorted(read_blocks)  # each read block once, no other
+    assert sources[0].blocks_computed == len(read_blocks)
