@@ -90,15 +90,14 @@ def measure_pair(
             for name, before in (("verify", verify_pair_tree), ("mid", mid_call)):
                 ms = timed(before, job.setup, job.run, n, skip)
                 rows.append({"component": "mid", "tokens": tokens, "fed": fed, "after": name, "ms": ms})
+    befores = [("verify", verify_pair_tree)]
+    if ref.mid is not None:  # the last mid call of a round forwards 1 to W x topk tokens
+        befores.append(("mid", mid_call))
+        for tokens in (1, cfg.width * cfg.topk):
+            call = mid_job(ref, big, tokens, 0)
+            befores.append((f"mid {tokens} tok", lambda c=call: c.run(c.setup())))
     for nodes in sorted({cfg.budget + 1, 64}):
         tree = prefix_tree(big, nodes)
-        befores = [("verify", verify_pair_tree)]
-        if ref.mid is not None:
-            befores.append(("mid", mid_call))
-        if ref.mid is not None:  # the last mid call of a round forwards 1 to W x topk tokens
-            for tokens in (1, cfg.width * cfg.topk):
-                call = mid_job(ref, big, tokens, 0)
-                befores.append((f"mid {tokens} tok", lambda c=call: c.run(c.setup())))
         for name, before in befores:
             ms = timed(before, ref.rewind_target, lambda _, t=tree: ref.verifier.verify(t, 0.0, rng), n, skip)
             rows.append({"component": "verify", "nodes": nodes, "after": name, "ms": ms})

@@ -92,6 +92,7 @@ def main() -> None:
     generate(pair, prompts[0], args.policy, warm)
     print(f"{args.pair}, {args.policy} at B = {args.budget}, {args.width} x {args.topk}, "
           f"n-gram n >= {args.ngram_min_n}, {args.max_new_tokens} new tokens")  # fmt: skip
+    clock = make_clock(pair.target.device)
     judge = None  # the target in fp32, built the first time a bf16/fp16 output differs from AR's
     for ds, prompt in zip(datasets, prompts, strict=True):
         ar = autoregressive(pair, prompt, config)
@@ -107,7 +108,6 @@ def main() -> None:
                                  f"{first.tolerance:.3g}, not a near-tie")  # fmt: skip
             tie = f" [near-tie at {where} <= {first.tolerance:.3g}]"
         ar_step = (ar.wall_s - ar.prefill_s) * 1e3 / max(1, len(ar.new_tokens) - 1)
-        clock = make_clock(pair.target.device)
         head = TargetVerifier(pair.target, pair.vocab_size, tree.topk).prefill(prompt)
         t0 = clock()
         head.rows.all()  # every prompt position's row, as the prefill computed them before
