@@ -179,8 +179,8 @@ class LatencyProfile:
 
     def verify_cold_ms(self, counts: RoundCounts) -> float:
         """The verify's extra cost in a round whose last mid forward fed n tokens (0 without one)."""
-        last = [t for t in counts.mid_call_tokens if t > 0]
-        return interpolate(self.verify_cold_points, last[-1]) if last and self.verify_cold_points else 0.0
+        last = next((t for t in reversed(counts.mid_call_tokens) if t > 0), 0)
+        return interpolate(self.verify_cold_points, last) if last and self.verify_cold_points else 0.0
 
     def mid_ms(self, n_tokens: int, n_fed: int = 0) -> float:
         """One mid-drafter call forwarding n_tokens on top of n_fed tree nodes fed earlier this round."""

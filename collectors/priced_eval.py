@@ -1,7 +1,8 @@
 """Priced evaluation of one (pair, dataset) cell by replay: exact counts x the pair's latency profile.
 
 Contract: every method runs on the same held-back prompts. Per prompt the target's greedy
-continuation is computed once (``Replayer.inputs``); all 2^D fixed schedules come from one
+continuation is computed once (``Replayer.inputs``); all 2^D fixed schedules (only the named ones
+where no best fixed schedule in hindsight is asked for: the pair check) come from one
 all-schedules replay and each learned policy from ``collectors.policy_replay`` (exact at temperature
 0, checked against real decoding in tests/test_policy_replay.py). A method's priced time per prompt
 is the sum of its priced rounds; fixed schedules make no decisions at run time, so they pay no
@@ -138,7 +139,7 @@ class PricedCell:
     ar_ms: np.ndarray
     tokens: np.ndarray
     methods: dict[str, PricedMethod]
-    best_fixed: str  # bit string of the best fixed schedule in hindsight
+    best_fixed: str  # bit string of the best fixed schedule in hindsight ("" when not replayed)
 
     def speedups(self, n_boot: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
         return {n: bootstrap_speedup(self.ar_ms, m.ms, n_boot, seed) for n, m in self.methods.items()}
@@ -154,17 +155,25 @@ def priced_cell(
     fixed: dict[str, str],
     progress: Callable[[], None] | None = None,
     memo: TargetMemo | None = None,
+    hindsight: bool = True,
 ) -> PricedCell:
-    """Replay every fixed schedule and every policy on every prompt; price them with the profile.
+    """Replay the fixed schedules and every policy on every prompt; price them with the profile.
 
     ``runtime``: the learned policies' runtime context, one for all prompts or one per prompt.
 
-    ``fixed``: method name -> bit string (shown beside the best fixed schedule in hindsight, added as
-    "best-fixed"); ``policies``: method name -> scheduler; ``memo``: shared with the other cells of
-    this target (default: this cell's own).
+    ``fixed``: method name -> bit string; ``policies``: method name -> scheduler; ``memo``: shared
+    with the other cells of this target (default: this cell's own). ``hindsight``: replay all 2^D
+    schedules and add the best one on these prompts as "best-fixed"; without it only the schedules
+    of ``fixed`` are replayed (each schedule's rounds are the same either way: a walk depends on its
+    own bits only) and ``best_fixed`` is "".
     """
     depth = config.tree.depth
-    schedules = [schedule_bits(s, depth) for s in range(2**depth)]
+    if hindsight:
+        schedules = [schedule_bits(s, depth) for s in range(2**depth)]
+    else:
+        schedules = list(dict.fromkeys(tuple(c == "1" for c in bits) for bits in fixed.values()))
+        if any(len(b) != depth for b in schedules):
+            raise ValueError(f"fixed schedules {sorted(fixed.values())} are not all {depth} steps long")
     replayer = MemoReplayer(pair, config, schedules, TargetMemo() if memo is None else memo)
     per_schedule: list[list[Replayed]] = [[] for _ in schedules]
     per_policy: dict[str, list[Replayed]] = {n: [] for n in policies}
@@ -192,13 +201,16 @@ def priced_cell(
     all_fixed = [
         _priced(bits_text(b), bits_text(b), per_schedule[s], profile, False) for s, b in enumerate(schedules)
     ]
-    best = max(range(len(all_fixed)), key=lambda s: (all_fixed[s].tokens.sum() / all_fixed[s].ms.sum(), -s))
     by_text = {m.schedule: m for m in all_fixed}
     methods = {name: replace(by_text[bits], name=name) for name, bits in fixed.items()}
-    methods["best-fixed"] = replace(all_fixed[best], name="best-fixed")
+    best_fixed = ""
+    if hindsight:
+        rate = [m.tokens.sum() / m.ms.sum() for m in all_fixed]
+        best = max(range(len(all_fixed)), key=lambda s: (rate[s], -s))
+        methods["best-fixed"] = replace(all_fixed[best], name="best-fixed")
+        best_fixed = all_fixed[best].schedule
     methods |= {n: _priced(n, "", per_policy[n], profile, True) for n in policies}
-    return PricedCell(np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float), methods,
-                      all_fixed[best].schedule)  # fmt: skip
+    return PricedCell(np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float), methods, best_fixed)
 
 
 ENDPOINTS = ("all-small", "all-mid")

@@ -117,21 +117,21 @@ class TargetLogpCache:
 
     def set_source(self, source: RowSource) -> None:
         """Positions source.start.. (with no row yet) take their rows from `source` when first read."""
-        need = source.start + source.count
-        if len(self.entries) < need:
-            self.entries.extend([None] * (need - len(self.entries)))
-            self.floors.extend([0.0] * (need - len(self.floors)))
+        self._reserve(source.start + source.count)
         self._source = source
 
     def set_rows(self, start: int, token_rows: list[list[int]], logp_rows: list[list[float]]) -> None:
         """Store rows for positions start, start+1, ...; earlier positions must already exist."""
-        need = start + len(token_rows)
-        if len(self.entries) < need:
-            self.entries.extend([None] * (need - len(self.entries)))
-            self.floors.extend([0.0] * (need - len(self.floors)))
+        self._reserve(start + len(token_rows))
         for i, (toks, lps) in enumerate(zip(token_rows, logp_rows, strict=True)):
             self.entries[start + i] = dict(zip(toks, lps, strict=True))
             self.floors[start + i] = min(lps)
+
+    def _reserve(self, need: int) -> None:
+        """Grow to `need` positions, the new ones without a row."""
+        if len(self.entries) < need:
+            self.entries.extend([None] * (need - len(self.entries)))
+            self.floors.extend([0.0] * (need - len(self.floors)))
 
     def truncate(self, length: int) -> None:
         del self.entries[length:]

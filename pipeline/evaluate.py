@@ -68,7 +68,8 @@ def pair_checks(params: Params, student) -> dict[str, dict]:
     All-Small and All-Mid, replayed and priced on the pair's calibration prompts, the
     collect.prompts_per_report questions right after the collect slice, of every fitting dataset
     (collectors.priced_tasks.calibration_range): no training state came from them, and they end
-    before the held-back prompts."""
+    before the held-back prompts. Only the two endpoints' schedules are replayed (no best fixed
+    schedule in hindsight is needed here)."""
     cfg = params.evaluate
     datasets = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
     cells = [(p, d) for p in cfg.pairs for d in datasets]
@@ -77,7 +78,9 @@ def pair_checks(params: Params, student) -> dict[str, dict]:
     )
     endpoints = {m: FIXED_METHODS[m] for m in ENDPOINTS}
     with tqdm(total=len(cells) * prompts[1], desc="evaluate (pair check)", unit="prompt") as bar:
-        priced = priced_cells(params, cells, {"student": student}, endpoints, bar.update, prompts)
+        priced = priced_cells(
+            params, cells, {"student": student}, endpoints, bar.update, prompts, hindsight=False
+        )
     out = {}
     for pair_id in cfg.pairs:
         out[pair_id] = pair_check([priced[(pair_id, d)] for d in datasets])

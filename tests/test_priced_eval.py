@@ -56,6 +56,20 @@ def test_a_policy_pays_for_its_decisions_and_best_fixed_is_the_best(cell) -> Non
     assert best.schedule == result.best_fixed and len(best.schedule) == 5
 
 
+def test_without_hindsight_only_the_named_schedules_are_replayed_with_the_same_prices(cell) -> None:
+    pair, config, prompts, profile, full = cell
+    runtime = RuntimeContext(prompt_tokens=20, target_ms=2.0, mid_ms=1.0)
+    fixed = {"all-small": "00000", "all-mid": "11111"}
+    policies = {"odd-steps": lambda ctx: ctx.step % 2 == 1}
+    part = priced_cell(pair, prompts, config, profile, runtime, policies, fixed, hindsight=False)
+    assert set(part.methods) == {"all-small", "all-mid", "odd-steps"} and part.best_fixed == ""
+    for name in part.methods:
+        assert part.methods[name].ms.tolist() == full.methods[name].ms.tolist(), name
+        assert part.methods[name].accepted == full.methods[name].accepted
+    with pytest.raises(ValueError, match="not all 5 steps"):
+        priced_cell(pair, prompts, config, profile, runtime, {}, {"short": "001"}, hindsight=False)
+
+
 def test_bootstrap_interval_brackets_the_ratio_of_sums() -> None:
     rng = np.random.default_rng(0)
     ar = rng.uniform(50, 100, size=30)
