@@ -130,6 +130,7 @@ class LatencyProfile:
     verify_cold_points: Points = ()  # the verify after a mid forward: its tokens -> ms (() w/o mid)
     mid_cold_ms: float = 0.0  # the first mid call forward of a round
     decision_cold_ms: float = 0.0  # the first decision of a round
+    long_job_ms: float = 0.0  # jobs this long ran one sample per repeat (0: every job all of them)
 
     def __post_init__(self) -> None:
         if isinstance(self.passes, bool) or not isinstance(self.passes, int) or self.passes < 1:
@@ -380,7 +381,7 @@ def compare_profiles(a: LatencyProfile, b: LatencyProfile) -> list[Agreement]:
 
 
 _SAME = ("pair", "device", "device_name", "torch_threads", "clock", "torch_version", "dtype", "context_len",
-         "warmup", "samples_per_repeat", "mid_tokens", "mid_fed")  # fmt: skip
+         "warmup", "samples_per_repeat", "long_job_ms", "mid_tokens", "mid_fed")  # fmt: skip
 _MEDIANS = ("ngram_step_ms", "ngram_node_ms", "ngram_mean_frontier", "decision_ms", "ar_token_ms",
             "mid_end_ms", "mid_cold_ms", "decision_cold_ms")  # fmt: skip
 

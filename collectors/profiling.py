@@ -31,7 +31,10 @@ a mid) is built by the decoder's RoundBuilder on that context. Timed, as the dec
 Where the grid needs more nodes than the largest real tree has, it is grown at random (no deeper).
 Stability: every repeat runs `samples_per_repeat` passes over all components, each pass in a fresh
 random order (round-robin: a noisy machine's drift hits all alike); a figure is the median over the
-kept repeats of per-repeat medians. Clock (`profile_clock`): on a CPU with one torch thread, the
+kept repeats of per-repeat medians. A job whose run takes `long_job_ms` or more (a deep target's
+verify, an AR burst) runs in every pass of the first repeat and in one pass of each later one: on
+zoo-l that halved a profile's time (37 s to 17 s a pass), its figures within the box's
+run-to-run spread of the same profile taken twice. Clock (`profile_clock`): on a CPU with one torch thread, the
 thread's CPU time (what the work costs, without the waits another process causes on a shared
 machine); otherwise decoder.timing.make_clock's wall clock (synced on CUDA).
 """
@@ -296,21 +299,32 @@ def robust_medians(
     passes: int,
     seed: int = 0,
     desc: str = "profile",
+    long_ms: float = 0.0,
 ) -> dict[Key, float]:
-    """ms per job and unit: median over kept repeats of the median of `passes` samples per repeat;
-    every pass runs every job once, in a fresh random order."""
+    """ms per job and unit: median over kept repeats of the median of a repeat's samples; every
+    pass runs every job once, in a fresh random order. ``long_ms`` > 0: a job whose run took at
+    least that long in the first repeat (median of its samples) runs in the first pass of each
+    later repeat only; one sample of a long job varies less, relatively, than one of a short job,
+    and the long ones (a deep target's forwards) are most of the profile's time."""
     keys = list(jobs)
     rng = np.random.default_rng(seed)
     kept: dict[Key, list[float]] = {key: [] for key in keys}
+    runs = dict.fromkeys(keys, passes)  # passes a job runs in, per repeat
     for rep in tqdm(range(warmup + repeats), desc=desc, disable=not sys.stderr.isatty()):
         samples: dict[Key, list[float]] = {key: [] for key in keys}
-        for _ in range(passes):
+        for p in range(passes):
             for i in rng.permutation(len(keys)):
+                if p >= runs[keys[i]]:
+                    continue
                 job = jobs[keys[i]]
                 arg = job.setup()
                 t0 = clock()
                 job.run(arg)
                 samples[keys[i]].append((clock() - t0) / job.units)
+        if rep == 0 and long_ms > 0:
+            for key in keys:
+                if 1e3 * statistics.median(samples[key]) * jobs[key].units >= long_ms:
+                    runs[key] = 1
         if rep >= warmup:
             for key in keys:
                 kept[key].append(statistics.median(samples[key]))
@@ -329,14 +343,16 @@ def measure_profile(
     mid_fed: Sequence[int] = DEFAULT_MID_FED,
     samples_per_repeat: int = 3,
     seed: int = 0,
+    long_job_ms: float = 0.0,
 ) -> LatencyProfile:
-    """Measure a pair's latency profile (what is timed and how: see the module docstring)."""
+    """Measure a pair's latency profile (what is timed and how: see the module docstring);
+    ``long_job_ms``: as robust_medians' ``long_ms``."""
     cfg = tree_config
     grid = make_grid(sizes, mid_tokens if pair.mid is not None else (), mid_fed, cfg.budget)
-    if context_len < 1 or warmup < 0 or repeats < 1 or samples_per_repeat < 1:
+    if context_len < 1 or warmup < 0 or repeats < 1 or samples_per_repeat < 1 or not long_job_ms >= 0:
         raise ValueError(
             f"bad profile settings: context_len={context_len}, warmup={warmup}, repeats={repeats}, "
-            f"samples_per_repeat={samples_per_repeat}"
+            f"samples_per_repeat={samples_per_repeat}, long_job_ms={long_job_ms}"
         )
     max_depth = max(cfg.depth * max(cfg.ngram_chain_len, 1), AR_WARM + AR_BURST)  # nor the AR job
     if context_len + 1 + max_depth > pair.context_len:
@@ -352,7 +368,8 @@ def measure_profile(
         biggest, grid.max_nodes, pair.vocab_size, np.random.default_rng(seed), max(*biggest.depths, cfg.depth)
     )
     jobs = grid_jobs(ref, real, big, grid, cfg)
-    ms = robust_medians(jobs, clock, warmup, repeats, samples_per_repeat, seed, f"profile {name}")
+    desc = f"profile {name}"
+    ms = robust_medians(jobs, clock, warmup, repeats, samples_per_repeat, seed, desc, long_job_ms)
     ngram = {key[1]: (ms[key], jobs[key].units) for key in jobs if key[0] == "ngram"}
     small = fit_small_step({f: v[0] for f, v in ngram.items()}, {f: v[1] for f, v in ngram.items()})
 
@@ -373,6 +390,7 @@ def measure_profile(
         warmup=warmup,
         repeats=repeats,
         samples_per_repeat=samples_per_repeat,
+        long_job_ms=long_job_ms,
         verify_points=tuple((n, ms["verify", n]) for n in grid.verify),
         mid_tokens=grid.mid_tokens,
         mid_fed=grid.mid_fed,

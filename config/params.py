@@ -208,6 +208,9 @@ class ProfileParams:
     # whole measurements of every pair, the pairs in turn; a figure is their median (a slow spell
     # of the machine hits one pass of a pair and is outvoted)
     passes: int = 1
+    # a job whose run takes at least this many ms (in the first repeat) is sampled once per repeat
+    # instead of samples_per_repeat times (0: never)
+    long_job_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ def run_profile(
                     mid_tokens=settings.mid_tokens,
                     mid_fed=settings.mid_fed,
                     samples_per_repeat=settings.samples_per_repeat,
+                    long_job_ms=settings.long_job_ms,
                     tree_config=tree,
                 )
             )

@@ -550,6 +550,29 @@ def test_robust_medians_interleave_and_ignore_spikes() -> None:
     assert len({tuple(p) for p in passes}) > 1  # in a fresh order per pass
 
 
+def test_robust_medians_sample_a_long_job_once_per_repeat_after_the_first() -> None:
+    now = [0.0]
+    calls = {"long": 0, "short": 0, "units": 0}
+
+    def timed(name: str, cost: float, units: int = 1) -> Job:
+        def run(_: object) -> None:
+            calls[name] += 1
+            now[0] += cost
+
+        return Job(lambda: None, run, units)
+
+    # "units": 4 units of 3 ms, a 12-ms run: long by its run, not by its 3 ms per unit
+    costs = {"long": (0.050, 1), "short": (0.002, 1), "units": (0.012, 4)}
+    jobs = {(name,): timed(name, cost, units) for name, (cost, units) in costs.items()}
+    ms = robust_medians(jobs, lambda: now[0], warmup=1, repeats=4, passes=3, long_ms=10.0)
+    expected = {"long": 50.0, "short": 2.0, "units": 3.0}
+    assert {k[0]: v for k, v in ms.items()} == {k: pytest.approx(v) for k, v in expected.items()}
+    assert calls == {"long": 3 + 4, "short": 3 * 5, "units": 3 + 4}  # all passes of the first repeat only
+    calls.update(long=0, short=0, units=0)
+    robust_medians(jobs, lambda: now[0], warmup=1, repeats=4, passes=3)  # long_ms 0: every job every pass
+    assert calls == {"long": 15, "short": 15, "units": 15}
+
+
 def test_fit_small_step() -> None:
     fixed, per_node, mean = fit_small_step({1: 0.12, 5: 0.2, 10: 0.3}, {1: 10, 5: 10, 10: 20})
     assert (fixed, per_node) == (pytest.approx(0.1), pytest.approx(0.02))
