@@ -50,8 +50,8 @@ from decoder.files import replace_atomically
 if TYPE_CHECKING:  # kept off import so re-pricing needs neither torch nor transformers
     from decoder.generate import RoundStats
 
-SCHEMA_VERSION = 5  # 3: passes; 4: cold-cache round terms, verify timed after an n-gram step;
-# 5: the verify's cold term over the last mid call's tokens
+SCHEMA_VERSION = 6  # 3: passes; 4: cold-cache round terms, verify timed after an n-gram step;
+# 5: the verify's cold term over the last mid call's tokens; 6: long_job_ms
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 DEFAULT_MID_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_MID_FED = (0, 16, 64, 256)

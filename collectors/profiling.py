@@ -33,9 +33,9 @@ Stability: every repeat runs `samples_per_repeat` passes over all components, ea
 random order (round-robin: a noisy machine's drift hits all alike); a figure is the median over the
 kept repeats of per-repeat medians. A job whose run takes `long_job_ms` or more (a deep target's
 verify, an AR burst) runs in every pass of the first repeat and in one pass of each later one: on
-zoo-l that halved a profile's time (37 s to 17 s a pass), its figures within the box's
-run-to-run spread of the same profile taken twice. Clock (`profile_clock`): on a CPU with one torch thread, the
-thread's CPU time (what the work costs, without the waits another process causes on a shared
+zoo-l that halved a profile's time (37 s to 17 s a pass), its figures within the box's run-to-run
+spread of the same profile taken twice. Clock (`profile_clock`): on a CPU with one torch thread,
+the thread's CPU time (what the work costs, without the waits another process causes on a shared
 machine); otherwise decoder.timing.make_clock's wall clock (synced on CUDA).
 """
 

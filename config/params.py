@@ -386,7 +386,8 @@ class EdgesParams:
 @dataclass(frozen=True)
 class GraftEvalParams:
     """GRAFT's evaluation rows (``evaluate_graft``): ``prompts_per_cell`` held-back questions per
-    edges pair x evaluate dataset, ``max_new_tokens`` each; the hindsight row searches B in
+    edges pair x evaluate dataset, ``max_new_tokens`` each, priced by exact walks (the first
+    ``wall_prompts_per_cell`` also decoded for real); the hindsight row searches B in
     1..``budget_max``; the drafter forward, the tree builds (at ``cost_sizes``, with and without
     TDES) and the SABA decision are timed with ``warmup``/``repeats``/``passes`` like a profile.
     The learned-budget rows choose one B per pair (with and without TDES) on the first
@@ -397,6 +398,7 @@ class GraftEvalParams:
 
     out_dir: str
     prompts_per_cell: int
+    wall_prompts_per_cell: int  # the first of them, every row also decoded for real and timed
     max_new_tokens: int
     budget_max: int
     choice_prompts_per_dataset: int

@@ -24,8 +24,13 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
    prices faster on those collect prompts out of fold (each fitting dataset's prompts priced under
    the budget chosen on the others; models/budget_rule.py), before any held-back prompt is read.
 
-Rows 1 and 3-6 are decoded for real (identical configurations once) and every output must be the
-target's greedy continuation (collectors/graft_eval.py, lossless_gate). Pricing is deterministic
+Every row's rounds on every prompt come from the exact walks of the prompt's output
+(collectors/graft_eval.py, BudgetWalker: by marginals and TDES-ranked, at a fixed B or under a
+rule), the output being DDTree's at the fixed B, checked to be the target's greedy continuation
+(lossless_gate). On the first ``graft_eval.wall_prompts_per_cell`` prompts of a cell every row is
+also decoded for real (identical configurations once), back to back with autoregressive decoding
+(the wall-clock table): the stage fails if an output differs from the target's greedy continuation
+or a decode's rounds from its walk's. Pricing is deterministic
 given the costs measured at the start of each pair (collectors/graft_costs.py) and the pair's
 latency profile (``profile.out_dir/<pair>.json``).
 
@@ -63,8 +68,8 @@ log = logging.getLogger(__name__)
 
 def validate(params: Params) -> None:
     cfg, edges = params.graft_eval, params.edges
-    for name in ("prompts_per_cell", "max_new_tokens", "budget_max", "choice_prompts_per_dataset", "repeats",
-                 "passes"):  # fmt: skip
+    for name in ("prompts_per_cell", "wall_prompts_per_cell", "max_new_tokens", "budget_max",
+                 "choice_prompts_per_dataset", "repeats", "passes"):  # fmt: skip
         if getattr(cfg, name) <= 0:
             raise ValueError(f"graft_eval.{name} must be positive, got {getattr(cfg, name)}")
     if cfg.warmup < 0:
@@ -134,39 +139,52 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
     }  # fmt: skip
     arms["full"] = arms["graft_rule" if choice["tdes"]["use_rule"] else "graft_learned"]
     layers = tuple(drafter.target_layers)
-    cells, walk_rounds, walk_agree, rule_agree, decodes = [], 0, 0, 0, 0
+    n_wall = min(cfg.wall_prompts_per_cell, cfg.prompts_per_cell)
+    cells, checked, decodes = [], 0, 0
     for dataset, dataset_prompts in prompts.items():
-        runs: dict[str, list] = {key: [] for key in arms}
+        runs: dict[str, list] = {key: [] for key in arms}  # walked rounds, every prompt
+        decoded: dict[str, list] = {key: [] for key in arms}  # real decodes, the first n_wall prompts
         walks, ar_runs = [], []
-        for prompt in dataset_prompts:
-            done: dict[tuple, list] = {}
+        for i, prompt in enumerate(dataset_prompts):
+            # the output every row emits (lossless: the target's greedy continuation), from DDTree at b
+            ref = decode_arm(pair, drafter, None, prompt, b, edges.topk, cfg.max_new_tokens)
+            decodes += 1
+            tokens = ref.tokens
+            features = lossless_gate(pair, prompt, tokens, layers)
+            proposals: dict = {}
+            walk_args = (drafter, prompt, tokens, features, b_max, edges.topk, pair.vocab_size)
+            walker = {t: BudgetWalker(*walk_args, scorer if t else None, proposals) for t in (False, True)}
+            for key, (budget, tdes, rule) in arms.items():
+                runs[key].append(walker[tdes].fixed(budget) if rule is None else walker[tdes].ruled(rule))
+            walks.append(walker[False].every_budget())
+            if i >= n_wall:
+                continue
+            done: dict[tuple, object] = {(b, False, None): ref}
             for key, arm in arms.items():
                 if arm not in done:
                     budget, tdes, rule = arm
                     done[arm] = decode_arm(pair, drafter, scorer if tdes else None, prompt, budget,
                                            edges.topk, cfg.max_new_tokens, rule)  # fmt: skip
                     decodes += 1
-                runs[key].append(done[arm])
-            tokens = runs["ddtree"][-1].tokens
-            features = lossless_gate(pair, prompt, tokens, layers)
-            ar_runs.append(decode_ar(pair, prompt, cfg.max_new_tokens))
-            for key in arms:
-                if runs[key][-1].tokens != tokens:
+                run = done[arm]
+                if run.tokens != tokens:
                     raise RuntimeError(f"{pair_id}/{dataset}: row {key!r} emitted another output than DDTree")
+                if run.rounds != runs[key][-1]:
+                    raise RuntimeError(
+                        f"{pair_id}/{dataset} prompt {i}: row {key!r}'s exact walk differs from its decoding"
+                    )
+                checked += 1
+                decoded[key].append(run)
+            ar_runs.append(decode_ar(pair, prompt, cfg.max_new_tokens))
             if ar_runs[-1].tokens != tokens:
                 raise RuntimeError(f"{pair_id}/{dataset}: autoregressive decoding emitted another output")
-            walker = BudgetWalker(drafter, prompt, tokens, features, b_max, edges.topk, pair.vocab_size)
-            walks.append(walker.every_budget())
-            walk_rounds += 1
-            walk_agree += walks[-1].at(b) == runs["ddtree"][-1].rounds
-            rule_agree += walker.ruled(rules["plain"]) == runs["rule"][-1].rounds
         rows = {}
         for key, (budget, tdes, rule) in arms.items():
             if rule is None:
                 price = functools.partial(round_price, costs, tdes, key in ("saba", "graft"))
             else:
                 price = functools.partial(rule_price, costs, tdes, rule.cap)
-            rows[key] = row_stats(budget, [r.rounds for r in runs[key]], price, costs.ar_token_ms)
+            rows[key] = row_stats(budget, runs[key], price, costs.ar_token_ms)
         plain = functools.partial(round_price, costs, False, False)
         grid = [
             row_stats(bb, [w.at(bb) for w in walks], plain, costs.ar_token_ms) for bb in range(1, b_max + 1)
@@ -176,7 +194,8 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         group = "held-out task" if dataset in ev.held_out_datasets else "fitting"
         cells.append(
             {"pair_id": pair_id, "dataset_id": dataset, "group": group, "prompts": len(dataset_prompts),
-             "rows": {k: rows[k].to_json() for k, _ in ROWS}, "wall": wall_speedups(ar_runs, runs),
+             "rows": {k: rows[k].to_json() for k, _ in ROWS}, "wall": wall_speedups(ar_runs, decoded),
+             "wall_prompts": n_wall,
              "ddtree_at_tdes_learned_budget": equal.to_json()}
         )  # fmt: skip
     summary = {
@@ -189,8 +208,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         "overhead_ms_at_budget": costs.overhead_ms(b),
         "overhead_ms_at_graft_budget": costs.overhead_ms(arms["graft"][0]),
         "decodes": decodes,
-        "walk_equals_decoding": walk_agree / walk_rounds,
-        "rule_walk_equals_decoding": rule_agree / walk_rounds,
+        "walk_checked_runs": checked,  # (prompt, row) decodes whose rounds the exact walk reproduced
         "seconds": time.perf_counter() - t0,
     }
     log.info("%s: %s", pair_id, summary)

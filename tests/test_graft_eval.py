@@ -207,12 +207,15 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
     collect_edges.main(stage_params("collect_edges", params))
     fit_edges.main(stage_params("fit_edges", params))
     tiny_profile(workspace / "profile" / "tiny.json")
-    graft = {"out_dir": str(workspace / "graft"), "prompts_per_cell": 1, "max_new_tokens": 10,
+    graft = {"out_dir": str(workspace / "graft"), "prompts_per_cell": 2, "wall_prompts_per_cell": 1,
+             "max_new_tokens": 10,
              "budget_max": 20, "rule_caps": [4, 20],
              "cost_sizes": [1, 8, 20], "warmup": 0, "repeats": 1, "passes": 1}  # fmt: skip
-    held_back = {"datasets": ["code", "chat"], "held_out_datasets": ["chat"], "prompt_start": 2}
+    # two held-back prompts of the workspace's three questions: the learned budget chooses on the
+    # first question only (a collect slice of 1)
+    held_back = {"datasets": ["code", "chat"], "held_out_datasets": ["chat"], "prompt_start": 1}
     overrides = {"graft_eval": graft, "evaluate": held_back}
-    params = tiny_edges_params(workspace, extra=overrides)
+    params = tiny_edges_params(workspace, extra=overrides, prompts_per_dataset=1)
     metrics = evaluate_graft.main(stage_params("evaluate_graft", params))
     for path in declared_paths(params, ["evaluate_graft"])["evaluate_graft"]:
         assert path.is_file(), path
@@ -224,12 +227,16 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
         # the hindsight row is the best of a grid that holds the fixed budget
         assert rows["hindsight"]["speedup"] >= rows["ddtree"]["speedup"] - 1e-12
         assert 1 <= rows["hindsight"]["budget"] <= 20
-    assert metrics["n_cells"] == len(cells) and metrics["pairs"]["tiny"]["walk_equals_decoding"] == 1.0
-    assert metrics["pairs"]["tiny"]["rule_walk_equals_decoding"] == 1.0
+    # every row priced over both prompts (walked); each of the 9 rows decoded on the first, its
+    # rounds checked against its walk (a mismatch fails the stage)
+    assert metrics["n_cells"] == len(cells)
+    assert metrics["pairs"]["tiny"]["walk_checked_runs"] == 9 * len(cells)
+    # the rounds emit all but the prefill's first token, of both prompts
+    assert all(c["wall_prompts"] == 1 and c["rows"]["ddtree"]["tokens"] == 2 * (10 - 1) for c in cells)
     assert "| tiny |" in (workspace / "graft" / "graft.md").read_text()
     choice = metrics["pairs"]["tiny"]["learned_budget"]
     # chosen on the collect slice of the fitting edges datasets only: "chat" is held out
-    assert choice["questions"] == {"code": [0, 2]} and choice["prompts"] == 2
+    assert choice["questions"] == {"code": [0, 1]} and choice["prompts"] == 1
     for c in cells:
         rows = c["rows"]
         assert rows["learned"]["budget"] == choice["plain"]["budget"]
@@ -268,7 +275,8 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
 def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None:  # noqa: F811
     """Other held-back prompts (another prompt_start, another dataset list) leave B_learned and its
     collect-prompt curve unchanged; a collect slice reaching the held-back prompts is refused."""
-    graft = {"out_dir": str(workspace / "graft"), "prompts_per_cell": 1, "max_new_tokens": 10,
+    graft = {"out_dir": str(workspace / "graft"), "prompts_per_cell": 2, "wall_prompts_per_cell": 1,
+             "max_new_tokens": 10,
              "budget_max": 20, "rule_caps": [4, 20]}  # fmt: skip
     got = []
     for start, datasets in ((2, ["code", "chat"]), (3, ["chat"])):
