@@ -14,9 +14,10 @@ start, with the tree signals before each step):
   over prefix + '1' + any suffix minus the best over prefix + '0' + any suffix, where a
   schedule's round value is (accepted + 1) / its priced round ms (both in the round table).
   ``margin_relative``: the margin / the better branch's value.
-- the walks (:func:`round_walk_pct`, :func:`priced_walk_pct`, :func:`backoff_walk_pct`) score a
-  policy per report as the round oracle's ms per token summed over the report's starts / the
-  policy's (the oracle: each start's best schedule), in %; mean over reports.
+- the walks (:func:`round_walk_pct` and its per-report form, :func:`priced_walk_pct`,
+  :func:`backoff_walk_pct`) score a policy per report as the round oracle's ms per token summed
+  over the report's starts / the policy's (the oracle: each start's best schedule), in %; mean
+  over reports.
 
 Why ms per token: the table's starts cover a report's text about evenly (the union of every
 schedule's visited starts), and a decoder that takes schedule s at a position spends about
@@ -180,10 +181,15 @@ def round_walk_pct(frame: pl.DataFrame, outcomes: pl.DataFrame, depth: int) -> f
     ``is_invoke``; per report, the round oracle's ms per token summed over its starts / the
     reached schedules' (both priced as in the round table, a decision at every step), in %; mean
     over reports. ``outcomes``: :func:`round_outcomes`."""
+    return float(round_walk_pct_by_report(frame, outcomes, depth)["pct"].mean())
+
+
+def round_walk_pct_by_report(frame: pl.DataFrame, outcomes: pl.DataFrame, depth: int) -> pl.DataFrame:
+    """:func:`round_walk_pct` per report (columns report_id, pct; sorted by report)."""
     states = frame.select(
         *START, "step", "prefix", score=pl.col("is_invoke").cast(pl.Float64), threshold=pl.lit(0.5)
     )
-    return _pct_of_oracle(outcomes, _walk(states, depth, None), depth, decided=True)
+    return _pct_by_report(outcomes, _walk(states, depth, None), depth, decided=True)
 
 
 def round_outcomes(rounds: pa.Table) -> pl.DataFrame:

@@ -204,7 +204,11 @@ def test_distill_exports_the_training_states_that_won_out_of_fold(run_all):
     assert ts["selected_by"] == "rounds"  # with round states loaded, the walk over round starts decides
     walks = ts["round_walk_pct_of_oracle"]
     merit = {n: walks[n] for n in pct}
-    assert ts["winner"] == max(merit, key=merit.get)
+    assert ts["best_walk"] == max(merit, key=merit.get)
+    # the best walk is exported unless "both" walks within one standard error of it over the reports
+    lead, se = ts["best_lead_over_both_pct"], ts["best_lead_over_both_se"]
+    assert ts["winner"] == (ts["best_walk"] if lead > se else "both")
+    assert ts["best_walk"] != "both" or (lead, se) == (0.0, 0.0)
     assert ts["n_round_states"] == N_REPORTS * 2 * 3 * 31  # synthetic: 2 prompts x 3 starts per report
     offline = res["distill"]["offline"]
     # distill.loss auto: the thresholded winner or the MSE student (threshold 0), whichever walks better
