@@ -108,6 +108,7 @@ def main() -> None:
                 pair, name, context_len=s.context_len, sizes=s.sizes, warmup=s.warmup,
                 repeats=args.repeats or s.repeats, mid_tokens=s.mid_tokens, mid_fed=s.mid_fed,
                 samples_per_repeat=args.samples or s.samples_per_repeat, tree_config=pair_config.tree,
+                long_job_ms=s.long_job_ms,
             )  # fmt: skip
         prompts = bench_prompts(params, name, pair, args.prompts, args.max_prompt_tokens)
         policies: dict[str, object] = {p: p for p in args.policies}

@@ -72,7 +72,7 @@ def main() -> None:
                 measure_profile(
                     pair, name, context_len=s.context_len, sizes=s.sizes, warmup=s.warmup,
                     repeats=args.repeats or s.repeats, mid_tokens=s.mid_tokens, mid_fed=s.mid_fed,
-                    samples_per_repeat=args.samples or s.samples_per_repeat,
+                    samples_per_repeat=args.samples or s.samples_per_repeat, long_job_ms=s.long_job_ms,
                 )
             )  # fmt: skip
             seconds.append(time.perf_counter() - t0)
