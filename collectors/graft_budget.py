@@ -8,7 +8,8 @@ Contract:
   on. A slice reaching ``evaluate.prompt_start`` is refused: the held-back prompts stay unseen.
 - :func:`walk_choice_prompt` decodes one of them greedily with DDTree at the collect budget, checks
   the output with the lossless gate, and readies its exact walks at every B <= b_max
-  (collectors/graft_eval.py, BudgetWalker) with plain marginals and with the TDES scorer.
+  (collectors/graft_eval.py, BudgetWalker) with plain marginals and with the TDES scorer
+  (evaluate_graft walks its held-back prompts the same way).
 - :func:`learned_budget` is the argmax over B of the summed tokens over the summed priced ms of
   every walked prompt at B (ties: the smaller B); with a fixed AR price that is the argmax of the
   pooled priced speedup.
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from collectors.graft_costs import GraftCosts
-from collectors.graft_eval import BudgetWalker, Round, decode_arm, lossless_gate
+from collectors.graft_eval import ArmRun, BudgetWalker, Round, decode_arm, lossless_gate
 from collectors.report import ReportSpec
 from config.params import Params
 from decoder.block import BlockProposer, Marginals
@@ -53,10 +54,11 @@ def choice_specs(params: Params, pair_id: str) -> list[ReportSpec]:
 
 @dataclass(frozen=True)
 class ChoiceWalks:
-    """One collect prompt's exact walks, by marginals and by TDES."""
+    """One prompt's exact walks, by marginals and by TDES, and the decode they walk."""
 
     plain: BudgetWalker
     tdes: BudgetWalker
+    run: ArmRun  # DDTree at the collect budget, by marginals: the output every walk follows
 
 
 def walk_choice_prompt(
@@ -77,7 +79,7 @@ def walk_choice_prompt(
         BudgetWalker(proposer, prompt, run.tokens, features, b_max, topk, pair.vocab_size, s, proposals)
         for s in (None, scorer)
     ]
-    return ChoiceWalks(walkers[0], walkers[1])
+    return ChoiceWalks(walkers[0], walkers[1], run)
 
 
 def round_price(costs: GraftCosts, tdes: bool, saba: bool, r: Round) -> float:

@@ -47,7 +47,7 @@ import time
 
 from collectors.graft_budget import choice_specs, learned_budget, round_price, rule_price, walk_choice_prompt
 from collectors.graft_costs import GraftCosts, measure_costs
-from collectors.graft_eval import BudgetWalker, decode_ar, decode_arm, lossless_gate
+from collectors.graft_eval import decode_ar, decode_arm
 from collectors.graft_table import ROWS, markdown, markdown_wall, row_stats
 from collectors.latency import load_profile
 from collectors.plan import dataset_file, load_registered_pair, report_questions
@@ -138,7 +138,6 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         "graft_rule": (rules["tdes"].cap, True, rules["tdes"]),
     }  # fmt: skip
     arms["full"] = arms["graft_rule" if choice["tdes"]["use_rule"] else "graft_learned"]
-    layers = tuple(drafter.target_layers)
     n_wall = min(cfg.wall_prompts_per_cell, cfg.prompts_per_cell)
     cells, checked, decodes = [], 0, 0
     for dataset, dataset_prompts in prompts.items():
@@ -147,19 +146,19 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         walks, ar_runs = [], []
         for i, prompt in enumerate(dataset_prompts):
             # the output every row emits (lossless: the target's greedy continuation), from DDTree at b
-            ref = decode_arm(pair, drafter, None, prompt, b, edges.topk, cfg.max_new_tokens)
+            walked = walk_choice_prompt(pair, drafter, scorer, prompt, b, b_max, edges.topk,
+                                        cfg.max_new_tokens)  # fmt: skip
             decodes += 1
-            tokens = ref.tokens
-            features = lossless_gate(pair, prompt, tokens, layers)
-            proposals: dict = {}
-            walk_args = (drafter, prompt, tokens, features, b_max, edges.topk, pair.vocab_size)
-            walker = {t: BudgetWalker(*walk_args, scorer if t else None, proposals) for t in (False, True)}
+            tokens = walked.run.tokens
+            walks.append(walked.plain.every_budget())
             for key, (budget, tdes, rule) in arms.items():
-                runs[key].append(walker[tdes].fixed(budget) if rule is None else walker[tdes].ruled(rule))
-            walks.append(walker[False].every_budget())
+                if rule is not None:
+                    runs[key].append((walked.tdes if tdes else walked.plain).ruled(rule))
+                else:
+                    runs[key].append(walked.tdes.fixed(budget) if tdes else walks[-1].at(budget))
             if i >= n_wall:
                 continue
-            done: dict[tuple, object] = {(b, False, None): ref}
+            done: dict[tuple, object] = {(b, False, None): walked.run}
             for key, arm in arms.items():
                 if arm not in done:
                     budget, tdes, rule = arm
