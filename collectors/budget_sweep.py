@@ -254,7 +254,7 @@ def sweep_pair(
     names = fixed_policies(pair, tree.depth, schedules)
     b_max = tree.budget
     config = DecodeConfig(max_new_tokens=max_new_tokens, tree=tree)
-    rep = SweepReplayer(pair, config, list(names.values()), round_table_stride=0)
+    rep = SweepReplayer(pair, config, list(names.values()), round_table_stride=0, profile=profile)
     budgets = list(range(1, b_max + 1))
     ms = {(s, b): 0.0 for s in range(len(names)) for b in budgets}
     acc: dict[tuple[int, int], list[int]] = {k: [] for k in ms}

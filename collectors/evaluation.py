@@ -65,7 +65,7 @@ def best_fixed_in_hindsight(pair: ModelPair, prompts: list[list[int]], config: D
     """The fixed schedule with the best priced tokens/s on these very prompts (replay, exact A)."""
     depth = config.tree.depth
     schedules = [schedule_bits(s, depth) for s in range(2**depth)]
-    replayer = Replayer(pair, config, schedules)
+    replayer = Replayer(pair, config, schedules, profile=profile)
     ms, tokens = [0.0] * len(schedules), [0] * len(schedules)
     for prompt in prompts:
         rep = replayer.replay_prompt(prompt)

@@ -34,7 +34,7 @@ from collectors.replay import Replayer
 from decoder.config import DecodeConfig
 from decoder.models import ModelPair
 from decoder.ngram import NgramDrafter
-from decoder.policies import RuntimeContext, schedule_bits
+from decoder.policies import FixedSchedule, RuntimeContext, parse_policy, schedule_bits
 
 FIXED = {"all-small": "00000", "all-mid": "11111"}
 
@@ -110,9 +110,15 @@ class MemoReplayer(Replayer):
     """A Replayer that takes g and the target's rows from a TargetMemo, computing each once."""
 
     def __init__(
-        self, pair: ModelPair, config: DecodeConfig, schedules, memo: TargetMemo, round_table_stride: int = 0
+        self,
+        pair: ModelPair,
+        config: DecodeConfig,
+        schedules,
+        memo: TargetMemo,
+        round_table_stride: int = 0,
+        profile: LatencyProfile | None = None,
     ) -> None:
-        super().__init__(pair, config, schedules, round_table_stride)
+        super().__init__(pair, config, schedules, round_table_stride, profile)
         memo.check(pair)
         self.memo = memo
         # g and the rows do not depend on the verification budget (lossless decoding commits the
@@ -145,6 +151,18 @@ class PricedCell:
         return {n: bootstrap_speedup(self.ar_ms, m.ms, n_boot, seed) for n, m in self.methods.items()}
 
 
+def _fixed_schedules(fixed: dict[str, str], depth: int) -> dict[str, FixedSchedule]:
+    """Each fixed method's schedule (decoder.policies.parse_policy: bit strings, 'all-small',
+    'all-mid'); a ValueError names a method that is not a fixed schedule."""
+    out = {}
+    for name, policy in fixed.items():
+        parsed = parse_policy(policy, depth)
+        if not isinstance(parsed, FixedSchedule):
+            raise ValueError(f"fixed method {name!r}: {policy!r} is not a fixed schedule")
+        out[name] = parsed
+    return out
+
+
 def priced_cell(
     pair: ModelPair,
     prompts: list[list[int]],
@@ -168,13 +186,12 @@ def priced_cell(
     own bits only) and ``best_fixed`` is "".
     """
     depth = config.tree.depth
+    named = _fixed_schedules(fixed, depth)
     if hindsight:
         schedules = [schedule_bits(s, depth) for s in range(2**depth)]
     else:
-        schedules = list(dict.fromkeys(tuple(c == "1" for c in bits) for bits in fixed.values()))
-        if any(len(b) != depth for b in schedules):
-            raise ValueError(f"fixed schedules {sorted(fixed.values())} are not all {depth} steps long")
-    replayer = MemoReplayer(pair, config, schedules, TargetMemo() if memo is None else memo)
+        schedules = list(dict.fromkeys(p.bits for p in named.values()))
+    replayer = MemoReplayer(pair, config, schedules, TargetMemo() if memo is None else memo, profile=profile)
     per_schedule: list[list[Replayed]] = [[] for _ in schedules]
     per_policy: dict[str, list[Replayed]] = {n: [] for n in policies}
     ar_ms, tokens = [], []
@@ -202,7 +219,7 @@ def priced_cell(
         _priced(bits_text(b), bits_text(b), per_schedule[s], profile, False) for s, b in enumerate(schedules)
     ]
     by_text = {m.schedule: m for m in all_fixed}
-    methods = {name: replace(by_text[bits], name=name) for name, bits in fixed.items()}
+    methods = {name: replace(by_text[p.text], name=name) for name, p in named.items()}
     best_fixed = ""
     if hindsight:
         rate = [m.tokens.sum() / m.ms.sum() for m in all_fixed]

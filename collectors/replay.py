@@ -26,10 +26,11 @@ from dataclasses import dataclass, field, replace
 from transformers import DynamicCache
 
 from collectors.branch_mid import KV, BranchMid, committed_kv
+from collectors.latency import LatencyProfile
 from collectors.records import RoundRecord
 from collectors.trie_mid import RoundTrie, TrieBranchMid
 from decoder.budget import verify_budget
-from decoder.config import DecodeConfig
+from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
 from decoder.generate import generate
 from decoder.mid import TreeScores
@@ -116,6 +117,26 @@ def accepted_along(tree: DraftTree, text: list[int], start: int) -> list[int]:
     return path
 
 
+def continuation_decoding(
+    pair: ModelPair, profile: LatencyProfile | None, tree: TreeConfig
+) -> tuple[str, TreeConfig]:
+    """(policy, tree) that decodes a prompt's greedy continuation g. Every lossless decoder yields
+    the same tokens, so this choice sets only the time: the mid drafter's sequential cascade (one
+    chain, D one-token mid calls and a (D + 1)-node verify per round) where, by the pair's latency
+    profile, those D calls cost less than one target forward of the root; All-Small (the n-gram
+    tree, no mid) otherwise, and without a profile. On the embedded zoo the cascade takes 0.6x
+    All-Small's time on the deep targets (target-l, target-chat-l), where it is chosen, and 2x on
+    target-s, where it is not."""
+    if (
+        profile is not None
+        and pair.mid is not None
+        and profile.has_mid
+        and tree.depth * profile.mid_ms(1) < profile.verify_ms(1)
+    ):
+        return "all-mid", replace(tree, sequential=True)
+    return "all-small", tree
+
+
 class Replayer:
     """Replays all schedules of one pair on one prompt at a time."""
 
@@ -125,9 +146,12 @@ class Replayer:
         config: DecodeConfig,
         schedules: list[tuple[bool, ...]],
         round_table_stride: int = 1,
+        profile: LatencyProfile | None = None,
     ) -> None:
         """round_table_stride: every k-th visited start of a prompt gets all schedules (the round
-        table); the others only grow the schedule prefixes whose trajectories pass through them."""
+        table); the others only grow the schedule prefixes whose trajectories pass through them.
+        profile: the pair's latency profile, read only to choose how g is decoded
+        (:func:`continuation_decoding`)."""
         if config.temperature != 0:
             raise ValueError("replay mode needs temperature 0 (greedy acceptance)")
         if round_table_stride < 0:
@@ -136,6 +160,7 @@ class Replayer:
         self.stride = round_table_stride
         self.index = {bits: i for i, bits in enumerate(schedules)}
         self.depth = config.tree.depth
+        self.g_decoding = continuation_decoding(pair, profile, config.tree)
 
     def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
         """The target's greedy continuation with a margin for the deepest tree; and its EOS stop."""
@@ -143,8 +168,9 @@ class Replayer:
         room = self.pair.context_len - len(prompt) - self.config.max_new_tokens
         margin = max(0, min(cfg.depth * max(cfg.ngram_chain_len, 1) + 1, room))
         free = replace(self.pair, eos_token_ids=())
-        run = DecodeConfig(self.config.max_new_tokens + margin, 0.0, self.config.seed, cfg)
-        g = generate(free, prompt, "all-small", run).new_tokens
+        policy, tree = self.g_decoding
+        run = DecodeConfig(self.config.max_new_tokens + margin, 0.0, self.config.seed, tree)
+        g = generate(free, prompt, policy, run, timing=False).new_tokens
         eos = set(self.pair.eos_token_ids)
         limit = next((i + 1 for i, t in enumerate(g[: self.config.max_new_tokens]) if t in eos), None)
         return g, limit or self.config.max_new_tokens

@@ -103,7 +103,7 @@ def collect_report(
         leave=False,
     )
     if mode == "replay":
-        replayer = Replayer(pair, config, schedules, round_table_stride)
+        replayer = Replayer(pair, config, schedules, round_table_stride, profile)
         for p_id, prompt in enumerate(prompts):
             rep = replayer.replay_prompt(prompt)
             for s in per_schedule:

@@ -163,6 +163,9 @@ class Students:
     train_set: str  # the exported student's training states
     by_set: dict[str, CrossFit]  # train set -> its out-of-fold fit (student_oof is the exported one's)
     loss: str  # the exported student's loss (distill.loss, or auto's choice)
+    # with round states: each train set's and the MSE student's out-of-fold round walk per report
+    # (:func:`_round_walk_by_report`); empty without
+    walks: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -255,19 +258,22 @@ def _students(
         set_spec = scaled_epochs(spec, len(inputs[0].rows(folds).folds), len(folds))
         by_set[name] = cross_fit(inputs, folds, choose, set_spec)
 
-    def merit(fit: CrossFit) -> float:  # the walk over round starts where round states are loaded
-        if rs is not None:
-            return _round_walk(fit, rs, depth, fold_signals)
-        return _walked(fit.decisions, replay, depth)
-
-    winner = max(by_set, key=lambda n: (merit(by_set[n]), -TRAIN_SETS.index(n)))
-    if rs is not None:
-        winner = _unless_within_noise(winner, by_set, rs, depth, fold_signals)
     mse_spec = replace(spec, loss="mse", nested_threshold=False)
     mse = cross_fit(per_fold, folds, None, mse_spec)
+    walked = {**by_set, "mse": mse}
+    walks = {}
+    if rs is not None:
+        walks = {n: _round_walk_by_report(f, rs, depth, fold_signals) for n, f in walked.items()}
+
+    def merit(name: str) -> float:  # the walk over round starts where round states are loaded
+        return float(walks[name].mean()) if walks else _walked(walked[name].decisions, replay, depth)
+
+    winner = max(by_set, key=lambda n: (merit(n), -TRAIN_SETS.index(n)))
+    if walks:
+        winner = _unless_within_noise(winner, walks)
     # auto: the paper's MSE student (canonical states, threshold 0) is exported when its OOF walk
     # beats the thresholded one's; chosen on the same OOF rows it reports, so optimistic.
-    export_mse = cfg.loss == "auto" and merit(mse) > merit(by_set[winner])
+    export_mse = cfg.loss == "auto" and merit("mse") > merit(winner)
     fits = {"student_oof": mse if export_mse else by_set[winner]}
     fits.update({f"student_{n}_oof": f for n, f in by_set.items() if len(by_set) > 1 or export_mse})
     fits["student_mse_oof"] = mse
@@ -279,7 +285,7 @@ def _students(
     signals = read_signals(params)
     if export_mse:
         final = fit_student(z_of(signals), tg.final, np.ones(len(folds), dtype=bool), mse_spec)
-        return Students(fits, final, 0.0, "canonical", by_set, "mse")
+        return Students(fits, final, 0.0, "canonical", by_set, "mse", walks)
     final_in = _set_inputs(
         winner, z_of(signals), tg.final, folds, rs, None if rs is None else rs.z(depth, signals)
     )
@@ -289,7 +295,7 @@ def _students(
     # Each fold's threshold was chosen by the same procedure on 1 - 1/k of the reports: their median
     # is that procedure's choice. Re-choosing on the pooled OOF scores would mix k models' scales
     # (on synthetic data the largest near-best t there was 3x the folds' own).
-    return Students(fits, final, float(np.median(by_set[winner].thresholds)), winner, by_set, loss)
+    return Students(fits, final, float(np.median(by_set[winner].thresholds)), winner, by_set, loss, walks)
 
 
 def _walked(decisions: np.ndarray, replay: Replay, depth: int) -> float:
@@ -307,46 +313,40 @@ def _oof_round_scores(
     return scores, np.array(fit.thresholds)[rs.folds]
 
 
-def _unless_within_noise(
-    winner: str, by_set: dict[str, CrossFit], rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
-) -> str:
+def _unless_within_noise(winner: str, walks: dict[str, np.ndarray]) -> str:
     """``winner``, unless "both" (every state of the other two sets) walks within one standard error
     of it over the reports (their paired per-report difference, as the gate's test): when the
     walk cannot tell the training sets apart, the larger one. One run picked rounds over both by
     0.13 points of the walk; priced on zoo-chat-m's held-back cells, both then beat it by 5-27%."""
-    lead, se = _lead_over_both(winner, by_set, rs, depth, fold_signals)
+    lead, se = _lead_over_both(winner, walks)
     return winner if lead > se else "both"
 
 
-def _lead_over_both(
-    best: str, by_set: dict[str, CrossFit], rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
-) -> tuple[float, float]:
-    """(mean, standard error) over reports of ``best``'s round walk less "both"'s ((0, 0) for both)."""
-    if best == "both" or "both" not in by_set:
+def _lead_over_both(best: str, walks: dict[str, np.ndarray]) -> tuple[float, float]:
+    """``best``'s round walk less "both"'s, paired per report ((0, 0) for both itself)."""
+    if best == "both" or "both" not in walks:
         return 0.0, 0.0
-    lead = _round_walk_by_report(by_set[best], rs, depth, fold_signals) - _round_walk_by_report(
-        by_set["both"], rs, depth, fold_signals
-    )
+    return _paired_lead(walks[best], walks["both"])
+
+
+def _paired_lead(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """(mean, standard error of the mean) over reports of a - b, both per report in the same order:
+    the noise test of the training-state choice and of the gate."""
+    lead = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     return float(lead.mean()), float(lead.std(ddof=1) / math.sqrt(len(lead))) if len(lead) > 1 else 0.0
 
 
 def _round_walk_by_report(
     fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
 ) -> np.ndarray:
-    """:func:`_round_walk` per report (sorted by report)."""
+    """The out-of-fold fit's outer models on each round-table start of their held-out fold: walk
+    the round's states from the empty prefix (decision: score > that fold's threshold); per report
+    (sorted by report), the round oracle's ms per token summed over its starts / the reached
+    schedules', in % (features.round_states.round_walk_pct_by_report; its mean over reports is the
+    round walk the offline table shows)."""
     scores, thresholds = _oof_round_scores(fit, rs, depth, fold_signals)
     frame = rs.frame.with_columns(pl.Series("is_invoke", scores > thresholds))
     return round_walk_pct_by_report(frame, rs.outcomes, depth)["pct"].to_numpy()
-
-
-def _round_walk(fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]) -> float:
-    """The out-of-fold fit's outer models on each round-table start of their held-out fold: walk
-    the round's states from the empty prefix (decision: score > that fold's threshold); per report,
-    the round oracle's ms per token summed over its starts / the reached schedules', mean over
-    reports (features.round_states.round_walk_pct)."""
-    scores, thresholds = _oof_round_scores(fit, rs, depth, fold_signals)
-    invoke = pl.Series("is_invoke", scores > thresholds)
-    return round_walk_pct(rs.frame.with_columns(invoke), rs.outcomes, depth)
 
 
 GATE_QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)
@@ -377,10 +377,9 @@ def choose_skip_rest(
     if not gates:
         return None, walks, {"none_lead": 0.0, "none_lead_se": 0.0, "reports": len(reports)}
     gate = max(gates, key=lambda g: pct[g])  # max keeps the first of equals: the larger g
-    lead = per[None]["pct"].to_numpy() - per[gate]["pct"].to_numpy()
-    se = float(lead.std(ddof=1) / math.sqrt(len(lead))) if len(lead) > 1 else 0.0
-    noise = {"none_lead": float(lead.mean()), "none_lead_se": se, "reports": len(reports)}
-    return (None if lead.mean() > se else gate), walks, noise
+    lead, se = _paired_lead(per[None]["pct"].to_numpy(), per[gate]["pct"].to_numpy())
+    noise = {"none_lead": lead, "none_lead_se": se, "reports": len(reports)}
+    return (None if lead > se else gate), walks, noise
 
 
 def _gap_quantiles(states: pl.DataFrame) -> list[float]:
@@ -496,7 +495,7 @@ def main(params: Params) -> dict:
             "state_regret_pct": _state_regret(decisions, regret),
             "offline": summary(results),
             "vs_better_endpoint": _vs_endpoint(results),
-            "train_set": _train_set_metrics(st, results, rs, depth, read_fold_signals(params, "report")),
+            "train_set": _train_set_metrics(st, results, rs, depth),
             "skip_rest_below": skip_rest,
             "skip_rest_noise": gate_noise,
             "skip_rounds_max": skip_rounds,
@@ -552,11 +551,7 @@ def main(params: Params) -> dict:
 
 
 def _train_set_metrics(
-    st: Students,
-    results: dict[str, dict[str, PolicyResult]],
-    rs: RoundSet | None,
-    depth: int,
-    fold_signals: list[tuple[str, ...]],
+    st: Students, results: dict[str, dict[str, PolicyResult]], rs: RoundSet | None, depth: int
 ) -> dict:
     """Which training states won and by how much (out of fold): walked % of best on canonical
     states, and with round states each set's walk over the round-table starts (% of round best),
@@ -566,8 +561,7 @@ def _train_set_metrics(
     pct = {n: summ[name[n]]["mean_pct_of_best"] for n in st.by_set}
     walks = {}
     if rs is not None:
-        walks = {n: _round_walk(f, rs, depth, fold_signals) for n, f in st.by_set.items()}
-        walks["mse"] = _round_walk(st.fits["student_mse_oof"], rs, depth, fold_signals)
+        walks = {n: float(v.mean()) for n, v in st.walks.items()}
         always = rs.frame.with_columns(pl.lit(False).alias("is_invoke"))
         walks["all_small"] = round_walk_pct(always, rs.outcomes, depth)
     by = "rounds" if rs is not None else "canonical"
@@ -586,7 +580,7 @@ def _train_set_metrics(
     if walks:
         out["round_walk_pct_of_oracle"] = walks
         best = max(st.by_set, key=lambda n: (walks[n], -TRAIN_SETS.index(n)))
-        lead, se = _lead_over_both(best, st.by_set, rs, depth, fold_signals)
+        lead, se = _lead_over_both(best, st.walks)
         out["best_walk"] = best
         out["best_lead_over_both_pct"], out["best_lead_over_both_se"] = lead, se
     return out

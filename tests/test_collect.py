@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,12 @@ from collect_workspace import (
     spy_reports,
 )
 from conftest import noisy_copy, repeated_prompts, tiny_model
+from test_latency import linear_profile
 
-from collectors import report
+from collectors import replay, report
 from collectors.execute import execute_prompt
 from collectors.plan import plan_reports
-from collectors.replay import Replayer
+from collectors.replay import Replayer, continuation_decoding
 from collectors.report import inputs_key
 from config.params import Params, load_params
 from decoder.config import DecodeConfig
@@ -59,6 +61,33 @@ def test_replay_equals_execute_exactly(arch):
                 )  # fmt: skip
                 flat = [x for step in b.signals for x in step]
                 assert [x for step in a.signals for x in step] == pytest.approx(flat, rel=1e-5, abs=1e-6)
+
+
+def test_the_continuation_is_decoded_by_the_cheaper_lossless_decoder_and_is_the_same_text(monkeypatch):
+    target = tiny_model("qwen3", seed=51)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=52), eos_token_ids=(0,))
+    config = DecodeConfig(max_new_tokens=24)
+    tree = config.tree
+    # linear_profile: 5 one-token mid calls (6.25 ms) cost more than a root verify (2.5 ms); x40 less
+    cheap_mid = linear_profile(verify_points=tuple((n, 100 + n) for n in (1, 2, 4, 8, 64)))
+    cascade = ("all-mid", replace(tree, sequential=True))
+    assert continuation_decoding(pair, cheap_mid, tree) == cascade
+    assert continuation_decoding(pair, linear_profile(), tree) == ("all-small", tree)
+    assert continuation_decoding(pair, None, tree) == ("all-small", tree)
+    no_mid = make_pair(target, eos_token_ids=(0,))
+    assert continuation_decoding(no_mid, cheap_mid, tree) == ("all-small", tree)
+    used = []
+    real = replay.generate
+
+    def spy(p, prompt, policy, run, **kw):
+        used.append((policy, run.tree))
+        return real(p, prompt, policy, run, **kw)
+
+    monkeypatch.setattr(replay, "generate", spy)
+    plain, fast = Replayer(pair, config, SCHEDULES), Replayer(pair, config, SCHEDULES, profile=cheap_mid)
+    for prompt in repetitive_prompts(3, seed=54):
+        assert fast.continuation(prompt) == plain.continuation(prompt)
+    assert used == [cascade, ("all-small", tree)] * 3
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,7 @@ def test_priced_cells_equal_with_two_workers_and_cell_by_cell(workspace, monkeyp
     assert progress == [4, 4]  # one group of two 2-prompt cells per dataset
     assert len(calls) == len(set(calls)) == 4  # g once per (target, prompt): the w pair reuses it
     # the old path: each cell alone with a plain Replayer, nothing shared or reused
-    plain = lambda pair, config, schedules, memo: Replayer(pair, config, schedules, 0)  # noqa: E731
+    plain = lambda pair, config, schedules, memo, profile: Replayer(pair, config, schedules, 0)  # noqa: E731
     monkeypatch.setattr(priced_eval, "MemoReplayer", plain)
     for cell in CELLS:
         pair = load_registered_pair(one, cell[0])

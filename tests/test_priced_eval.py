@@ -66,8 +66,12 @@ def test_without_hindsight_only_the_named_schedules_are_replayed_with_the_same_p
     for name in part.methods:
         assert part.methods[name].ms.tolist() == full.methods[name].ms.tolist(), name
         assert part.methods[name].accepted == full.methods[name].accepted
-    with pytest.raises(ValueError, match="not all 5 steps"):
+    with pytest.raises(ValueError, match="a string of 5 bits"):
         priced_cell(pair, prompts, config, profile, runtime, {}, {"short": "001"}, hindsight=False)
+    with pytest.raises(ValueError, match="'baseline': 'ar' is not a fixed schedule"):
+        priced_cell(pair, prompts, config, profile, runtime, {}, {"baseline": "ar"})
+    named = priced_cell(pair, prompts, config, profile, runtime, {}, {"skip": "all-small"}, hindsight=False)
+    assert named.methods["skip"].ms.tolist() == full.methods["all-small"].ms.tolist()
 
 
 def test_bootstrap_interval_brackets_the_ratio_of_sums() -> None:
