@@ -99,6 +99,11 @@ def _non_negative(v: Any, _: Mapping[str, Any]) -> None:
         raise _Invalid(f"must be >= 0, got {v!r}")
 
 
+def _positive(v: Any, _: Mapping[str, Any]) -> None:
+    if _finite(v) <= 0:
+        raise _Invalid(f"must be > 0, got {v!r}")
+
+
 def _string(v: Any, _: Mapping[str, Any]) -> None:
     if not isinstance(v, str):
         raise _Invalid(f"must be a string, got {v!r}")
@@ -219,6 +224,10 @@ FIELDS: dict[str, Field] = {
     # skip the rest of a round, without deciding, once the margin is < threshold - this (>= 0);
     # absent: decide every step. Chosen out of fold by distill (decision-priced round walk)
     "skip_rest_below": Field(_non_negative, required=False, kinds=("student",)),
+    # the gate applies only where the runtime context's target_ms (the pair's verify of a full tree)
+    # is at most this (> 0): it saves decision time, which counts only where a round is cheap;
+    # absent: at any target_ms. Chosen with skip_rest_below by distill
+    "skip_rest_max_target_ms": Field(_positive, required=False, kinds=("student",)),
     # cross-round backoff cap c (an integer >= 0): after k idle deciding rounds in a row (no mid
     # call), skip the next min(2^k - 1, c) rounds without deciding; absent or 0: decide every round.
     # Chosen out of fold by distill (decision-priced walk with the backoff carried start to start)

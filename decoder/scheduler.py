@@ -142,6 +142,8 @@ class LearnedScheduler:
     With ``skip_rest_below`` = g in the manifest, a margin below threshold - g also skips every
     later step of the round without deciding (no tree signals, no MLP): ``decided`` is then False
     for those steps, and the decoder counts (and the pricing charges) only the decisions taken.
+    With ``skip_rest_max_target_ms`` = T as well, the gate applies only where the runtime context's
+    target_ms is at most T: the decisions it saves are worth something only where a round is cheap.
 
     With ``skip_rounds_max`` = c > 0 (cross-round backoff): a round is idle when no margin it decided
     came above threshold - h, h = ``skip_rounds_margin`` (absent: 0, so idle = the student called
@@ -161,6 +163,8 @@ class LearnedScheduler:
         self.threshold = float(art.manifest["threshold"])
         gate = art.manifest.get("skip_rest_below")
         self.skip_rest_below = None if gate is None else self.threshold - float(gate)
+        cap = art.manifest.get("skip_rest_max_target_ms")
+        self.skip_rest_max_target_ms = None if cap is None else float(cap)
         self.skip_rounds_max = int(art.manifest.get("skip_rounds_max", 0))
         self.backoff = RoundBackoff(self.skip_rounds_max)
         self.engaged_above = self.threshold - float(art.manifest.get("skip_rounds_margin", 0.0))
@@ -197,9 +201,13 @@ class LearnedScheduler:
             self.backoff.engaged()
         if score > self.threshold:
             return True
-        if self.skip_rest_below is not None and score < self.skip_rest_below:
+        if self.skip_rest_below is not None and score < self.skip_rest_below and self._gated(ctx.runtime):
             self._rest_skipped = True
         return False
+
+    def _gated(self, runtime: RuntimeContext) -> bool:
+        """Whether the skip-the-rest gate applies at this runtime's target_ms."""
+        return self.skip_rest_max_target_ms is None or runtime.target_ms <= self.skip_rest_max_target_ms
 
 
 class ValuePlanner:

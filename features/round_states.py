@@ -200,11 +200,14 @@ def round_outcomes(rounds: pa.Table) -> pl.DataFrame:
     return pl.from_arrow(rounds.select([*cols, "decision_ms", "decision_cold_ms"]))
 
 
-def _walk(states: pl.DataFrame, depth: int, skip_rest_below: float | None) -> pl.DataFrame:
+def _walk(
+    states: pl.DataFrame, depth: int, skip_rest_below: float | None, max_target_ms: float | None = None
+) -> pl.DataFrame:
     """Per round start: the schedule the walk by score > threshold reaches (``schedule``, step 1
     first), the decisions it took (``decisions``) and how far below its threshold the highest
     decided score lay (``slack``, negative once a decision invoked); see :func:`priced_walk_pct`."""
-    lookup = states.select(*START, "step", "prefix", "score", "threshold")
+    gated = ["target_ms"] if skip_rest_below is not None and max_target_ms is not None else []
+    lookup = states.select(*START, "step", "prefix", "score", "threshold", *gated)
     walk = lookup.filter(pl.col("step") == 1).select(
         *START,
         prefix=pl.lit(""),
@@ -223,6 +226,8 @@ def _walk(states: pl.DataFrame, depth: int, skip_rest_below: float | None) -> pl
             if skip_rest_below is not None
             else pl.lit(False)
         )
+        if gated:
+            stop = stop & (pl.col("target_ms") <= max_target_ms)
         walk = walk.with_columns(
             prefix=pl.col("prefix") + pl.when(invoke).then(pl.lit("1")).otherwise(pl.lit("0")),
             decisions=pl.col("decisions") + deciding.cast(pl.Int64),
@@ -230,7 +235,7 @@ def _walk(states: pl.DataFrame, depth: int, skip_rest_below: float | None) -> pl
             slack=pl.when(deciding)
             .then(pl.min_horizontal("slack", pl.col("threshold") - pl.col("score")))
             .otherwise(pl.col("slack")),
-        ).drop("score", "threshold")
+        ).drop("score", "threshold", *gated)
     return walk.select(*START, schedule="prefix", decisions="decisions", slack="slack")
 
 
@@ -266,23 +271,33 @@ def _pct_by_report(
 
 
 def priced_walk_pct(
-    outcomes: pl.DataFrame, states: pl.DataFrame, depth: int, skip_rest_below: float | None
+    outcomes: pl.DataFrame,
+    states: pl.DataFrame,
+    depth: int,
+    skip_rest_below: float | None,
+    max_target_ms: float | None = None,
 ) -> float:
     """Walk each round start's states by ``score`` > ``threshold`` (columns of ``states``, with
     the start keys, step and prefix) and price the reached schedule with the decisions the walk
     took: a score below threshold - ``skip_rest_below`` skips every later step of the round
-    without deciding (None: never). Per report, the round oracle's ms per token summed over its
+    without deciding (None: never), only in reports whose ``target_ms`` (a column of ``states``
+    then) is at most ``max_target_ms`` when that is given (the student's
+    ``skip_rest_max_target_ms``). Per report, the round oracle's ms per token summed over its
     starts (fixed schedules, priced with no decisions at all: a fixed schedule decides nothing) /
     the reached schedules' (each round's ms less the decisions not taken), in %; mean over
     reports."""
-    return _pct_of_oracle(outcomes, _walk(states, depth, skip_rest_below), depth)
+    return _pct_of_oracle(outcomes, _walk(states, depth, skip_rest_below, max_target_ms), depth)
 
 
 def priced_walk_pct_by_report(
-    outcomes: pl.DataFrame, states: pl.DataFrame, depth: int, skip_rest_below: float | None
+    outcomes: pl.DataFrame,
+    states: pl.DataFrame,
+    depth: int,
+    skip_rest_below: float | None,
+    max_target_ms: float | None = None,
 ) -> pl.DataFrame:
     """:func:`priced_walk_pct` per report (columns report_id, pct; sorted by report)."""
-    return _pct_by_report(outcomes, _walk(states, depth, skip_rest_below), depth)
+    return _pct_by_report(outcomes, _walk(states, depth, skip_rest_below, max_target_ms), depth)
 
 
 def backoff_walk_pct(
@@ -292,13 +307,15 @@ def backoff_walk_pct(
     skip_rest_below: float | None,
     skip_rounds_max: int,
     skip_rounds_margin: float = 0.0,
+    max_target_ms: float | None = None,
 ) -> float:
     """:func:`priced_walk_pct` with the student's cross-round backoff (decoder.policies.RoundBackoff,
     cap ``skip_rounds_max`` = c, idle margin ``skip_rounds_margin`` = h) carried from start to
     start: within each (report_id, prompt_id) the starts are taken in order of start_position; a
     start inside a skip-run plays 00000 with zero decisions, any other start walks as
-    :func:`priced_walk_pct` does (gate ``skip_rest_below``) and is idle when none of its decided
-    scores exceeded threshold - h (h = 0: it reached 00000). c = 0 is :func:`priced_walk_pct`.
+    :func:`priced_walk_pct` does (gate ``skip_rest_below`` up to ``max_target_ms``) and is idle
+    when none of its decided scores exceeded threshold - h (h = 0: it reached 00000). c = 0 is
+    :func:`priced_walk_pct`.
 
     What it approximates: the round table holds every ``collect.round_table_stride``-th round start
     visited by any schedule's trajectory (in position order), not the rounds of the student's own
@@ -309,7 +326,7 @@ def backoff_walk_pct(
     trade c makes per skipped round (the decisions saved against the mid calls the skipped rounds
     would have made), in the price units of :func:`priced_walk_pct`; the decoder's skip-runs are
     counted in its own rounds."""
-    walk = _walk(states, depth, skip_rest_below).sort(START)
+    walk = _walk(states, depth, skip_rest_below, max_target_ms).sort(START)
     backoff, idle = RoundBackoff(skip_rounds_max), "0" * depth
     schedules, decisions, prompt = [], [], None
     for report, prompt_id, schedule, n, slack in walk.select(

@@ -28,13 +28,14 @@ the fixed schedules; ``student_in_sample`` (the exported student on the states i
 Following a policy from the empty prefix reaches a schedule whose realised tokens/s is read from
 ``trajectories.parquet``. Writes ``distill.out_dir/`` student.{json,safetensors} (the manifest
 carries ``threshold``: invoke iff output > threshold; with round states also, where they pay in the
-decision-priced round walk, ``skip_rest_below`` and ``skip_rounds_max``: :func:`choose_skip_rest`,
-which takes a gate unless deciding every step leads it by more than one standard error over the
-reports, and :func:`choose_skip_rounds`), offline.csv, offline.md, curves.csv and metrics.json.
+decision-priced round walk, ``skip_rest_below`` with ``skip_rest_max_target_ms`` and
+``skip_rounds_max``: :func:`choose_skip_rest`, which takes a gate unless deciding every step leads
+it by more than one standard error over the reports, and :func:`choose_skip_rounds`), offline.csv, offline.md, curves.csv and metrics.json.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -352,34 +353,87 @@ def _round_walk_by_report(
 GATE_QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)
 
 
+@dataclass(frozen=True)
+class Gate:
+    """The student's skip-the-rest gate: ``below`` g (None: decide every step) and
+    ``max_target_ms`` T (None: at any runtime target_ms)."""
+
+    below: float | None = None
+    max_target_ms: float | None = None
+
+    @property
+    def key(self) -> str:
+        """Its name among the walks in metrics.json (after ``student_skip_rest_below_``)."""
+        if self.below is None:
+            return "none"
+        return f"{self.below:.4f}" + (
+            "" if self.max_target_ms is None else f"_upto_{self.max_target_ms:.3f}ms"
+        )
+
+
 def choose_skip_rest(
     states: pl.DataFrame, rs: RoundSet, depth: int
-) -> tuple[float | None, dict[str, float], dict[str, float]]:
-    """The exported student's ``skip_rest_below`` g: a score below threshold - g skips the rest of
-    the round without deciding. Candidates: none, and quantiles of how far below its threshold a
-    skipping state's out-of-fold score lies; each scored per report by the decision-priced walk
-    over the round-table starts (features.round_states.priced_walk_pct_by_report: the student pays
-    for the decisions it takes, a fixed schedule for none). The best gate (highest mean over
-    reports; ties to the larger g, the fewer walks it changes) is taken unless deciding every step
-    leads it by more than one standard error of their paired per-report difference: when the
-    walks cannot tell them apart, skip (the issue's decision rule). Gains of a few hundredths of a
-    point decided this choice before, while the gate is worth 3-5% on a pair that never wants the
-    mid drafter. ``states``: :func:`oof_walk_states` of the exported student. Returns g (None:
-    decide every step), every candidate's mean % and the noise test (none's lead over the best
-    gate, its standard error, the reports)."""
+) -> tuple[Gate, dict[str, float], dict[str, float]]:
+    """The exported student's gate: a score below threshold - g skips the rest of the round without
+    deciding, in pairs whose runtime target_ms is at most T. Candidates for g: quantiles of how far
+    below its threshold a skipping state's out-of-fold score lies; for T: the geometric midpoints
+    between the reports' distinct target_ms (the gate then applies to the cheaper pairs only), and
+    no limit. Each (g, T) is scored per report by the decision-priced walk over the round-table
+    starts (features.round_states.priced_walk_pct_by_report: the student pays for the decisions it
+    takes, a fixed schedule for none): the walk with g where the report's target_ms <= T, the walk
+    deciding every step elsewhere. The best (highest mean over reports; ties to the larger g, then
+    the smaller T: the fewer walks it changes) is taken unless deciding every step leads it by more
+    than one standard error of their paired per-report difference: when the walks cannot tell them
+    apart, skip (the issue's decision rule).
+
+    Why T: the gate saves decisions (0.03 ms each here), worth 2-6% of a round on a pair whose
+    verify takes 1 ms and nothing on one whose verify takes 40 ms, where a skipped step that would
+    have called the mid drafter costs a lot. One run's gate (no T) walked 4-8 points better on
+    zoo-s's reports, 0-3 on zoo-m's and up to 9.5 worse on zoo-l's, zoo-chat-m's and zoo-chat-l's;
+    priced on zoo-l's held-back gsm8k and humaneval prompts the student was 10-14% faster
+    without it. ``states``: :func:`oof_walk_states` of the exported student. Returns the gate,
+    every candidate's mean % and the noise test (none's lead over the best gate, its standard
+    error, the reports)."""
     gates = sorted(_gap_quantiles(states), reverse=True)
     per = {g: priced_walk_pct_by_report(rs.outcomes, states, depth, g) for g in [None, *gates]}
     reports = per[None]["report_id"].to_list()
     if any(v["report_id"].to_list() != reports for v in per.values()):
         raise ValueError("gate walks: the candidates' walks reach different reports")
-    pct = {g: float(v["pct"].mean()) for g, v in per.items()}
-    walks = {"none" if g is None else f"{g:.4f}": v for g, v in pct.items()}
+    pct = {g: v["pct"].to_numpy() for g, v in per.items()}
     if not gates:
-        return None, walks, {"none_lead": 0.0, "none_lead_se": 0.0, "reports": len(reports)}
-    gate = max(gates, key=lambda g: pct[g])  # max keeps the first of equals: the larger g
-    lead, se = _paired_lead(per[None]["pct"].to_numpy(), per[gate]["pct"].to_numpy())
+        return (
+            Gate(),
+            {"none": float(pct[None].mean())},
+            {"none_lead": 0.0, "none_lead_se": 0.0, "reports": len(reports)},
+        )
+    cost = _report_target_ms(states, reports)
+    by_gate = {Gate(): pct[None]}
+    for g in gates:  # the larger g first, then the smaller T, as max keeps the first of equals
+        for cap in [*_target_ms_caps(cost), None]:
+            by_gate[Gate(g, cap)] = pct[g] if cap is None else np.where(cost <= cap, pct[g], pct[None])
+    walks = {gate.key: float(v.mean()) for gate, v in by_gate.items()}
+    best = max((gate for gate in by_gate if gate.below is not None), key=lambda gate: walks[gate.key])
+    lead, se = _paired_lead(by_gate[Gate()], by_gate[best])
     noise = {"none_lead": lead, "none_lead_se": se, "reports": len(reports)}
-    return (None if lead > se else gate), walks, noise
+    return (Gate() if lead > se else best), walks, noise
+
+
+def _report_target_ms(states: pl.DataFrame, reports: list[str]) -> np.ndarray:
+    """Each report's runtime target_ms (the round states' context column), in ``reports`` order."""
+    per = states.group_by("report_id").agg(lo=pl.col("target_ms").min(), hi=pl.col("target_ms").max())
+    if (per["lo"] != per["hi"]).any():
+        raise ValueError("round states: a report holds more than one target_ms")
+    by_report = dict(zip(per["report_id"].to_list(), per["lo"].to_list(), strict=True))
+    missing = [r for r in reports if r not in by_report]
+    if missing:
+        raise ValueError(f"round states: no target_ms for reports {missing[:3]}")
+    return np.array([by_report[r] for r in reports], dtype=float)
+
+
+def _target_ms_caps(cost: np.ndarray) -> list[float]:
+    """The geometric midpoints between consecutive distinct per-report target_ms, ascending."""
+    levels = sorted({float(c) for c in cost})
+    return [math.sqrt(a * b) for a, b in itertools.pairwise(levels) if a > 0]
 
 
 def _gap_quantiles(states: pl.DataFrame) -> list[float]:
@@ -394,7 +448,7 @@ BACKOFF_CAPS = (0, 1, 3, 7, 15)
 
 
 def choose_skip_rounds(
-    states: pl.DataFrame, rs: RoundSet, depth: int, skip_rest_below: float | None
+    states: pl.DataFrame, rs: RoundSet, depth: int, gate: Gate
 ) -> tuple[int, float, dict[str, float]]:
     """The exported student's cross-round backoff: ``skip_rounds_max`` c (after k idle deciding
     rounds in a row, skip the next min(2^k - 1, c) rounds without deciding) and ``skip_rounds_margin``
@@ -411,7 +465,10 @@ def choose_skip_rounds(
     Returns c, h and every candidate's %."""
     margins = [0.0, *(h for h in _gap_quantiles(states) if h > 0)]
     candidates = [(0, 0.0), *((c, h) for c in BACKOFF_CAPS if c > 0 for h in margins)]
-    pct = {ch: backoff_walk_pct(rs.outcomes, states, depth, skip_rest_below, *ch) for ch in candidates}
+    pct = {
+        ch: backoff_walk_pct(rs.outcomes, states, depth, gate.below, *ch, max_target_ms=gate.max_target_ms)
+        for ch in candidates
+    }
     c, h = max(candidates, key=lambda ch: (pct[ch], ch[0], -ch[1]))
     return c, h, {backoff_key(*ch): v for ch, v in pct.items()}
 
@@ -435,11 +492,11 @@ def parse_backoff_key(name: str) -> tuple[int, float] | None:
 def oof_walk_states(
     fit: CrossFit, rs: RoundSet, depth: int, fold_signals: list[tuple[str, ...]]
 ) -> pl.DataFrame:
-    """The round states' keys with each state's out-of-fold score and its fold's threshold."""
+    """The round states' keys and runtime target_ms with each state's out-of-fold score and its
+    fold's threshold."""
     scores, thresholds = _oof_round_scores(fit, rs, depth, fold_signals)
-    return rs.frame.select("report_id", "prompt_id", "start_position", "step", "prefix").with_columns(
-        score=pl.Series(scores), threshold=pl.Series(thresholds)
-    )
+    keys = ("report_id", "prompt_id", "start_position", "step", "prefix", "target_ms")
+    return rs.frame.select(*keys).with_columns(score=pl.Series(scores), threshold=pl.Series(thresholds))
 
 
 def _pair_signals(params: Params) -> list[tuple[str, ...]]:
@@ -476,12 +533,13 @@ def main(params: Params) -> dict:
             decisions, _fixed(depth), replay.index, replay.throughput(), sorted(replay.by_report), depth
         )
         oof = st.fits["student_oof"]
-        skip_rest, gate_walks, gate_noise, skip_rounds, idle_margin, backoff_walks = None, {}, {}, 0, 0.0, {}
+        gate, gate_walks, gate_noise, skip_rounds, idle_margin, backoff_walks = Gate(), {}, {}, 0, 0.0, {}
         if rs is not None:
             fold_signals = read_fold_signals(params, "report")
             walk_states = oof_walk_states(oof, rs, depth, fold_signals)
-            skip_rest, gate_walks, gate_noise = choose_skip_rest(walk_states, rs, depth)
-            skip_rounds, idle_margin, backoff_walks = choose_skip_rounds(walk_states, rs, depth, skip_rest)
+            gate, gate_walks, gate_noise = choose_skip_rest(walk_states, rs, depth)
+            skip_rounds, idle_margin, backoff_walks = choose_skip_rounds(walk_states, rs, depth, gate)
+        skip_rest = gate.below
         metrics = {
             "n_params": n_params,
             "n_states": len(z),
@@ -497,6 +555,7 @@ def main(params: Params) -> dict:
             "vs_better_endpoint": _vs_endpoint(results),
             "train_set": _train_set_metrics(st, results, rs, depth),
             "skip_rest_below": skip_rest,
+            "skip_rest_max_target_ms": gate.max_target_ms,
             "skip_rest_noise": gate_noise,
             "skip_rounds_max": skip_rounds,
             "skip_rounds_margin": idle_margin,
@@ -514,12 +573,22 @@ def main(params: Params) -> dict:
             "signals": list(signals),
             "threshold": st.threshold,
             **({} if skip_rest is None else {"skip_rest_below": skip_rest}),
+            **(
+                {}
+                if skip_rest is None or gate.max_target_ms is None
+                else {"skip_rest_max_target_ms": gate.max_target_ms}
+            ),
             **({} if skip_rounds == 0 else {"skip_rounds_max": skip_rounds}),
             **({} if skip_rounds == 0 or idle_margin == 0 else {"skip_rounds_margin": idle_margin}),
             "margin_source": cfg.margin_source,
             "margin_units": _units(st.loss, cfg.relative),
             "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({st.loss})"
             + ("" if skip_rest is None else "; below threshold - skip_rest_below, skip the rest of the round")
+            + (
+                ""
+                if skip_rest is None or gate.max_target_ms is None
+                else " (where target_ms <= skip_rest_max_target_ms)"
+            )
             + (
                 ""
                 if skip_rounds == 0
@@ -683,6 +752,9 @@ def _gate_lines(metrics: dict) -> list[str]:
     g, c = metrics["skip_rest_below"], metrics.get("skip_rounds_max", 0)
     h = metrics.get("skip_rounds_margin", 0.0)
     chosen = "decide every step" if g is None else f"skip the rest of a round below threshold - {g:.4g}"
+    cap = metrics.get("skip_rest_max_target_ms")
+    if g is not None and cap is not None:
+        chosen += f", where the runtime target_ms is at most {cap:.3g}"
     noise = metrics.get("skip_rest_noise") or {}
     if noise.get("reports"):
         chosen += (

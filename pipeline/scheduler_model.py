@@ -36,6 +36,7 @@ METADATA_FIELDS = (
     "margin_units",
     "threshold",
     "skip_rest_below",
+    "skip_rest_max_target_ms",
     "skip_rounds_max",
     "skip_rounds_margin",
     "weights_sha256",

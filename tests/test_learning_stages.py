@@ -29,7 +29,7 @@ from features.datasets import state_matrix
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
 from pipeline.cli import stage_params
-from pipeline.distill import parse_backoff_key
+from pipeline.distill import Gate, parse_backoff_key
 
 STAGES = ("canonicalize", "select_signals", "fit_value", "margins", "distill", "export")
 PLANTED = "tree_size"  # carries the reports' hidden mid-drafter quality (tests/synthetic_collect.py)
@@ -244,13 +244,14 @@ def test_distill_exports_the_gate_whose_decision_priced_walk_is_best(run_all):
     noise = metrics["skip_rest_noise"]
     assert noise["none_lead"] == pytest.approx(none - best_gate)
     assert noise["none_lead_se"] >= 0 and noise["reports"] >= 2
-    gate = metrics["skip_rest_below"]
+    gate = Gate(metrics["skip_rest_below"], metrics["skip_rest_max_target_ms"])
     if noise["none_lead"] > noise["none_lead_se"]:
-        assert gate is None
+        assert gate == Gate()
     else:
-        assert students[f"student_skip_rest_below_{gate:.4f}"] == best_gate
+        assert students[f"student_skip_rest_below_{gate.key}"] == best_gate
     manifest = json.loads((Path(params.distill.out_dir) / "student.json").read_text())
-    assert manifest.get("skip_rest_below") == gate
+    assert manifest.get("skip_rest_below") == gate.below
+    assert manifest.get("skip_rest_max_target_ms") == (gate.max_target_ms if gate.below is not None else None)
     assert "Decision-priced round walk" in (Path(params.distill.out_dir) / "offline.md").read_text()
 
 
@@ -268,10 +269,8 @@ def test_distill_exports_the_backoff_whose_walk_is_best(run_all):
     best = found[(c, round(h, 4))]
     assert best == max(found.values()) and all(v < best for (d, _), v in found.items() if d > c)
     caps = {d: v for (d, m), v in found.items() if m == 0}
-    gate = metrics["skip_rest_below"]
-    assert caps[0] == pytest.approx(
-        walks[f"student_skip_rest_below_{'none' if gate is None else f'{gate:.4f}'}"]
-    )
+    gate = Gate(metrics["skip_rest_below"], metrics["skip_rest_max_target_ms"])
+    assert caps[0] == pytest.approx(walks[f"student_skip_rest_below_{gate.key}"])
     manifest = json.loads((Path(params.distill.out_dir) / "student.json").read_text())
     assert manifest.get("skip_rounds_max", 0) == c
     assert manifest.get("skip_rounds_margin", 0.0) == (h if c else 0.0)

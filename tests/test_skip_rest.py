@@ -47,8 +47,8 @@ class Scripted:
         return self.scores.pop(0)
 
 
-def _ctx(step: int) -> StepContext:
-    return StepContext(step, 5, (), None, RUNTIME)  # type: ignore[arg-type]  # unused by the script
+def _ctx(step: int, runtime: RuntimeContext = RUNTIME) -> StepContext:
+    return StepContext(step, 5, (), None, runtime)  # type: ignore[arg-type]  # unused by the script
 
 
 def test_a_low_score_skips_the_rest_of_the_round_without_deciding(tmp_path) -> None:
@@ -69,9 +69,30 @@ def test_the_gate_is_a_checked_manifest_field(tmp_path) -> None:
     _, path = student_artifact(tmp_path / "s")
     sched = load_scheduler(path, 5, 10)
     assert sched.skip_rest_below is None  # absent: every step decides
+    assert sched.skip_rest_max_target_ms is None  # absent: the gate applies at any target_ms
     for i, bad in enumerate((-0.5, float("nan"), "1")):
         with pytest.raises(ManifestError, match="skip_rest_below"):
             student_artifact(tmp_path / f"bad{i}", skip_rest_below=bad)
+    for i, bad in enumerate((0.0, -3.0, float("inf"), "5")):
+        with pytest.raises(ManifestError, match="skip_rest_max_target_ms"):
+            student_artifact(tmp_path / f"cap{i}", skip_rest_below=1.0, skip_rest_max_target_ms=bad)
+
+
+def test_the_gate_applies_only_up_to_its_target_ms(tmp_path) -> None:
+    _, path = student_artifact(
+        tmp_path / "s", threshold=0.5, skip_rest_below=1.0, skip_rest_max_target_ms=10.0
+    )
+    for target_ms, gated in ((2.0, True), (10.0, True), (10.5, False), (40.0, False)):
+        runtime = RuntimeContext(prompt_tokens=20, target_ms=target_ms, mid_ms=1.0)
+        sched = load_scheduler(path, 5, 10)
+        script = Scripted([-0.7, 0.9, 0.0, 0.2, -0.9])  # step 1 far below threshold - 1
+        sched.net, sched.features = script.net, script.features
+        answers = [(sched(_ctx(step, runtime)), sched.decided) for step in range(1, 6)]
+        if gated:  # the rest of the round skipped without deciding
+            assert answers == [(False, True)] + [(False, False)] * 4 and script.asked == 1
+        else:  # every step decides, as without a gate
+            assert answers == [(False, True), (True, True), (False, True), (False, True), (False, True)]
+            assert script.asked == 5
 
 
 @pytest.mark.parametrize("gate", [None, 0.01])
@@ -102,6 +123,9 @@ def test_decoding_counts_and_replay_count_the_decisions_taken(tmp_path, gate) ->
         assert len(set(per_round)) > 1 and max(per_round) < 5, "the gate fired alike in every round"
 
 
+TARGET_MS = {"r1": 1.5, "r2": 40.0}  # a cheap pair's report and an expensive one's
+
+
 def _tables(rng: random.Random, depth: int = 3):
     starts = [("r1", 0, 0), ("r1", 0, 7), ("r2", 1, 0)]
     outcomes, states = [], []
@@ -110,20 +134,26 @@ def _tables(rng: random.Random, depth: int = 3):
             outcomes.append((report, prompt, start, sid, rng.randrange(0, 6), rng.uniform(5, 9), 0.4, 0.3))
         for k in range(1, depth + 1):
             for prefix in itertools.product("01", repeat=k - 1):
-                states.append((report, prompt, start, k, "".join(prefix), rng.uniform(-2, 2), 0.25))
+                states.append(
+                    (report, prompt, start, k, "".join(prefix), rng.uniform(-2, 2), 0.25, TARGET_MS[report])
+                )
     out = pl.DataFrame(
         outcomes,
         schema=["report_id", "prompt_id", "start_position", "schedule_id", "accepted", "round_latency_ms",
                 "decision_ms", "decision_cold_ms"], orient="row",
     )  # fmt: skip
     st = pl.DataFrame(
-        states, schema=["report_id", "prompt_id", "start_position", "step", "prefix", "score", "threshold"],
+        states,
+        schema=["report_id", "prompt_id", "start_position", "step", "prefix", "score", "threshold",
+                "target_ms"],
         orient="row",
     )  # fmt: skip
     return out.with_columns(pl.col("schedule_id").cast(pl.Int16)), st
 
 
-def _by_hand(out: pl.DataFrame, st: pl.DataFrame, depth: int, gate: float | None) -> float:
+def _by_hand(
+    out: pl.DataFrame, st: pl.DataFrame, depth: int, gate: float | None, cap: float | None = None
+) -> float:
     row = {
         (r["report_id"], r["prompt_id"], r["start_position"], r["step"], r["prefix"]): r
         for r in st.to_dicts()
@@ -141,7 +171,8 @@ def _by_hand(out: pl.DataFrame, st: pl.DataFrame, depth: int, gate: float | None
             decisions += 1
             invoke = r["score"] > r["threshold"]
             prefix += "1" if invoke else "0"
-            skipping = gate is not None and not invoke and r["score"] < r["threshold"] - gate
+            gated = gate is not None and (cap is None or TARGET_MS[s[0]] <= cap)
+            skipping = gated and not invoke and r["score"] < r["threshold"] - gate
         sid = next(
             i
             for i in range(2**depth)
@@ -168,6 +199,13 @@ def test_priced_walk_matches_a_walk_written_out_step_by_step() -> None:
         out, st = _tables(rng)
         for gate in (None, 0.0, 0.8, 3.0):
             assert priced_walk_pct(out, st, 3, gate) == pytest.approx(_by_hand(out, st, 3, gate))
+            for cap in (1.0, 1.5, 10.0, 40.0):  # the gate in neither report, in r1 only, in both
+                got = priced_walk_pct(out, st, 3, gate, max_target_ms=cap)
+                assert got == pytest.approx(_by_hand(out, st, 3, gate, cap))
+            if gate is not None:
+                assert priced_walk_pct(out, st, 3, gate, max_target_ms=1.0) == pytest.approx(
+                    _by_hand(out, st, 3, None)
+                )
         # a walk that never invokes and stops at step 1 is All-Small plus one decision's cost
         never = st.with_columns(score=pl.lit(-9.0))
         small = fixed_schedule_pct(out, 3, 0)
@@ -191,8 +229,12 @@ def _round_set(outcomes: pl.DataFrame) -> distill.RoundSet:
     return distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), outcomes)
 
 
-def _choose():
-    return distill.choose_skip_rest(pl.DataFrame(), _round_set(pl.DataFrame()), 3)
+def _choose(target_ms: list[float] | None = None):
+    """choose_skip_rest on the faked walks; ``target_ms`` per report (default: one pair's cost)."""
+    n = len(target_ms) if target_ms is not None else 30
+    costs = target_ms if target_ms is not None else [2.0] * n
+    states = pl.DataFrame({"report_id": [f"r{i:02d}" for i in range(n)], "target_ms": costs})
+    return distill.choose_skip_rest(states, _round_set(pl.DataFrame()), 3)
 
 
 def test_a_gate_within_noise_of_deciding_every_step_is_taken(monkeypatch) -> None:
@@ -204,7 +246,7 @@ def test_a_gate_within_noise_of_deciding_every_step_is_taken(monkeypatch) -> Non
     _fake_walks(monkeypatch, {None: none.tolist(), 4.0: gate.tolist()})
     g, walks, noise = _choose()
     assert walks["none"] > walks["4.0000"]  # the old rule (the best mean) took no gate
-    assert g == 4.0
+    assert g == distill.Gate(4.0)
     assert noise["none_lead"] == pytest.approx(0.05) and noise["none_lead_se"] > 0.05
     assert noise["reports"] == 30
 
@@ -213,8 +255,8 @@ def test_deciding_every_step_wins_when_it_leads_on_every_report(monkeypatch) -> 
     gate = [70.0 + i for i in range(10)]
     none = [v + 1.0 + 0.01 * (i % 3) for i, v in enumerate(gate)]  # +1 point everywhere, little spread
     _fake_walks(monkeypatch, {None: none, 2.0: [v - 5 for v in gate], 4.0: gate})
-    g, _, noise = _choose()
-    assert g is None
+    g, _, noise = _choose([2.0] * 10)
+    assert g == distill.Gate() and g.below is None
     assert noise["none_lead"] == pytest.approx(1.01, abs=0.01)  # against the better gate, g = 4
 
 
@@ -222,9 +264,32 @@ def test_among_gates_the_best_mean_wins_and_ties_go_to_the_larger_gap(monkeypatc
     base = [60.0, 70.0, 80.0]
     behind = [v - 1 for v in base]
     _fake_walks(monkeypatch, {None: behind, 1.0: base, 3.0: base, 0.5: [v - 0.5 for v in base]})
-    assert _choose()[0] == 3.0
+    assert _choose([2.0] * 3)[0] == distill.Gate(3.0)
     _fake_walks(monkeypatch, {None: behind, 1.0: [v + 0.2 for v in base], 3.0: base})
-    assert _choose()[0] == 1.0
+    assert _choose([2.0] * 3)[0] == distill.Gate(1.0)
+
+
+def test_the_gate_is_limited_to_the_pairs_where_it_pays(monkeypatch) -> None:
+    """Reports of three costs: the gate gains 5 points on the 1 ms reports, nothing at 4 ms, and
+    loses 8 on the 40 ms ones; the whole gate loses on the mean, the capped one wins."""
+    cost = [1.0] * 10 + [4.0] * 10 + [40.0] * 10
+    none = [70.0 + (i % 7) for i in range(30)]
+    gate = [v + (5.0 if c == 1.0 else 0.0 if c == 4.0 else -8.0) for v, c in zip(none, cost, strict=True)]
+    _fake_walks(monkeypatch, {None: none, 2.0: gate})
+    g, walks, noise = _choose(cost)
+    assert walks["2.0000"] < walks["none"]  # the gate everywhere: 5 up, 8 down
+    # candidate caps: the geometric midpoints 2 and sqrt(160) (then no cap); equal walks: the smaller
+    assert walks["2.0000_upto_2.000ms"] == pytest.approx(walks["2.0000_upto_12.649ms"])
+    assert g == distill.Gate(2.0, 2.0) and g.key == "2.0000_upto_2.000ms"
+    assert walks[g.key] == pytest.approx(walks["none"] + 5 / 3)
+    assert noise["none_lead"] == pytest.approx(-5 / 3) and noise["reports"] == 30
+
+
+def test_a_report_with_two_costs_is_refused(monkeypatch) -> None:
+    _fake_walks(monkeypatch, {None: [70.0, 71.0], 2.0: [72.0, 73.0]})
+    states = pl.DataFrame({"report_id": ["r00", "r00", "r01"], "target_ms": [1.0, 2.0, 3.0]})
+    with pytest.raises(ValueError, match="more than one target_ms"):
+        distill.choose_skip_rest(states, _round_set(pl.DataFrame()), 3)
 
 
 def test_the_gate_walks_are_the_priced_walks_per_report() -> None:
@@ -232,8 +297,10 @@ def test_the_gate_walks_are_the_priced_walks_per_report() -> None:
     g, walks, noise = distill.choose_skip_rest(st, _round_set(out), 3)
     assert walks["none"] == pytest.approx(_by_hand(out, st, 3, None))
     gates = distill._gap_quantiles(st)
-    assert len(walks) == 1 + len(gates) > 2
+    cap = (1.5 * 40.0) ** 0.5  # between the two reports' costs
+    assert len(walks) == 1 + 2 * len(gates) and len(gates) > 1
     for gap in gates:
         assert walks[f"{gap:.4f}"] == pytest.approx(_by_hand(out, st, 3, gap))
+        assert walks[distill.Gate(gap, cap).key] == pytest.approx(_by_hand(out, st, 3, gap, cap))
     assert noise["reports"] == 2
-    assert g is None or f"{g:.4f}" in walks
+    assert g.key in walks

@@ -260,9 +260,11 @@ def test_a_backoff_walk_that_cannot_tell_two_caps_apart_takes_the_larger(monkeyp
     def walks(table):
         monkeypatch.setattr(distill, "_gap_quantiles", lambda states: [1.0, 2.0])
         monkeypatch.setattr(
-            distill, "backoff_walk_pct", lambda outcomes, states, depth, gate, c, h: table.get((c, h), 50.0)
+            distill,
+            "backoff_walk_pct",
+            lambda outcomes, states, depth, gate, c, h, max_target_ms: table.get((c, h), 50.0),
         )
-        return distill.choose_skip_rounds(pl.DataFrame(), _round_set(pl.DataFrame()), 3, None)[:2]
+        return distill.choose_skip_rounds(pl.DataFrame(), _round_set(pl.DataFrame()), 3, distill.Gate())[:2]
 
     assert walks({(7, 2.0): 60.0, (15, 2.0): 60.0, (15, 1.0): 60.0, (3, 2.0): 59.9}) == (15, 1.0)
     assert walks({(3, 2.0): 60.0 + 1e-9, (7, 2.0): 60.0, (15, 2.0): 60.0}) == (3, 2.0)
