@@ -211,8 +211,11 @@ def test_distill_exports_the_training_states_that_won_out_of_fold(run_all):
     assert ts["best_walk"] != "both" or (lead, se) == (0.0, 0.0)
     assert ts["n_round_states"] == N_REPORTS * 2 * 3 * 31  # synthetic: 2 prompts x 3 starts per report
     offline = res["distill"]["offline"]
-    # distill.loss auto: the thresholded winner or the MSE student (threshold 0), whichever walks better
-    mse_wins = walks["mse"] > merit[ts["winner"]]
+    # distill.loss auto: the MSE student (threshold 0) only where it walks ahead of the thresholded
+    # winner by more than one standard error over the reports
+    assert ts["mse_lead_pct"] == pytest.approx(walks["mse"] - walks[ts["mse_lead_vs"]])
+    mse_wins = ts["mse_lead_pct"] > ts["mse_lead_se"] >= 0
+    assert mse_wins or ts["mse_lead_vs"] == ts["winner"]
     assert ts["exported_loss"] == ("mse" if mse_wins else "weighted_logistic")
     exported = "student_mse_oof" if mse_wins else f"student_{ts['winner']}_oof"
     assert offline["student_oof"]["mean_pct_of_best"] == offline[exported]["mean_pct_of_best"]
