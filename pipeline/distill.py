@@ -12,8 +12,9 @@ fold f either, so nothing of fold f leaks.
 
 Training states (``distill.train_set``): canonical (trajectory means, targets as above), rounds
 (features/round_states.py: one state per round-table start and prefix, the round's own signals,
-the prompt's own length; targets: the round's realised margin by suffix search, relative as
-above; epochs scaled to the canonical set's optimizer steps) or both stacked. Every set is scored
+the prompt's own length; targets: the round's realised margin of invoking against skipping now,
+each then followed by the report's best fixed continuation, relative as above; epochs scaled to
+the canonical set's optimizer steps) or both stacked. Every set is scored
 on the canonical states with the same outer folds; ``auto`` fits all three and exports the one
 with the best out-of-fold walk over the round-table starts (without round states: the walked % of
 best on canonical states; ties: the earlier of canonical, rounds, both), unless "both" walks
@@ -191,9 +192,9 @@ def read_round_set(params: Params, states: pa.Table) -> RoundSet:
     rounds = read_table(resolve(params.collect.out_dir) / "rounds.parquet", rounds_spec(depth))
     actions = read_table(resolve(params.collect.out_dir) / "actions.parquet", actions_spec(depth))
     frame = round_states(rounds, report_context(actions, states), depth)
-    margin = frame["margin_relative" if params.distill.relative else "margin_tok_per_s"].to_numpy()
+    margin = frame["margin_suffix_relative" if params.distill.relative else "margin_suffix_tok_per_s"]
     folds = frame["fold_id"].to_numpy().astype(np.int64)
-    return RoundSet(frame, margin.astype(np.float64), folds, round_outcomes(rounds))
+    return RoundSet(frame, margin.to_numpy().astype(np.float64), folds, round_outcomes(rounds))
 
 
 def _train_sets(choice: str) -> tuple[str, ...]:

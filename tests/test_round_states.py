@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute
 import pytest
 
 from decoder.policies import schedule_bits
@@ -142,3 +144,29 @@ def test_bad_round_tables_are_refused():
     with pytest.raises(ValueError, match="target_ms is not one value"):
         report_context(varying, pl.DataFrame({"report_id": ["r"], "fold_id": [0]}))
     assert np.isfinite(round_states(_rounds(), CONTEXT, D)["margin_relative"].to_numpy()).all()
+
+
+def test_suffix_margin_follows_the_reports_best_continuation_not_the_rounds():
+    """With the hard start at 24, the report's best continuation after '0' is '01' (ms per token
+    summed over both starts: 12.5 + 25 against 10 + 30 for '00'), after '1' it is '10' (8 + 10
+    against 12 + 12). At start 20 the skip branch is then valued at '01' (80 tokens/s), though '00'
+    (100) is that round's best: the suffix margin is 125 - 80, the round maximum's 125 - 100."""
+    states = round_states(_rounds(at_24=HARD), CONTEXT, D)
+    keys = zip(states["start_position"], states["step"], states["prefix"], strict=True)
+    row = dict(zip(keys, states.iter_rows(named=True), strict=True))
+    first = row[20, 1, ""]
+    assert first["margin_suffix_tok_per_s"] == pytest.approx(VALUE["10"] - VALUE["01"])
+    assert first["margin_suffix_relative"] == pytest.approx((VALUE["10"] - VALUE["01"]) / VALUE["10"])
+    assert first["margin_tok_per_s"] == pytest.approx(VALUE["10"] - VALUE["00"])
+    hard = {s: 1e3 * (a + 1) / ms for s, (a, ms) in HARD.items()}
+    assert row[24, 1, ""]["margin_suffix_tok_per_s"] == pytest.approx(hard["10"] - hard["01"])
+    last = [r for key, r in row.items() if key[1] == D]  # at the last step no suffix is left to choose
+    assert len(last) == 4
+    for r in last:
+        assert r["margin_suffix_tok_per_s"] == pytest.approx(r["margin_tok_per_s"])
+
+
+def test_suffix_and_round_margins_agree_on_a_report_of_one_start():
+    one = _rounds().filter(pa.compute.equal(_rounds()["start_position"], 20))
+    states = round_states(one, CONTEXT, D)
+    assert states["margin_suffix_relative"].to_numpy() == pytest.approx(states["margin_relative"].to_numpy())
