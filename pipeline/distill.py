@@ -172,6 +172,8 @@ class Students:
     # with round walks: the thresholded winner and the MSE student's lead over it (mean, standard
     # error over reports), what loss auto's choice tests; None without
     mse_lead: tuple[str, float, float] | None = None
+    # the training set with the best out-of-fold walk, before the noise test that may export "both"
+    best_walk: str = ""
 
 
 @dataclass(frozen=True)
@@ -274,9 +276,8 @@ def _students(
     def merit(name: str) -> float:  # the walk over round starts where round states are loaded
         return float(walks[name].mean()) if walks else _walked(walked[name].decisions, replay, depth)
 
-    winner = max(by_set, key=lambda n: (merit(n), -TRAIN_SETS.index(n)))
-    if walks:
-        winner = _unless_within_noise(winner, walks)
+    best = max(by_set, key=lambda n: (merit(n), -TRAIN_SETS.index(n)))
+    winner = _unless_within_noise(best, walks) if walks else best
     # auto: the paper's MSE student (canonical states, threshold 0) is exported when its OOF walk
     # beats the thresholded one's; with round walks, by more than one standard error of their
     # paired per-report difference, as the other choices here: when the walk cannot tell them
@@ -298,7 +299,7 @@ def _students(
     signals = read_signals(params)
     if export_mse:
         final = fit_student(z_of(signals), tg.final, np.ones(len(folds), dtype=bool), mse_spec)
-        return Students(fits, final, 0.0, "canonical", by_set, "mse", walks, mse_lead)
+        return Students(fits, final, 0.0, "canonical", by_set, "mse", walks, mse_lead, best)
     final_in = _set_inputs(
         winner, z_of(signals), tg.final, folds, rs, None if rs is None else rs.z(depth, signals)
     )
@@ -308,9 +309,8 @@ def _students(
     # Each fold's threshold was chosen by the same procedure on 1 - 1/k of the reports: their median
     # is that procedure's choice. Re-choosing on the pooled OOF scores would mix k models' scales
     # (on synthetic data the largest near-best t there was 3x the folds' own).
-    return Students(
-        fits, final, float(np.median(by_set[winner].thresholds)), winner, by_set, loss, walks, mse_lead
-    )
+    threshold = float(np.median(by_set[winner].thresholds))
+    return Students(fits, final, threshold, winner, by_set, loss, walks, mse_lead, best)
 
 
 def _walked(decisions: np.ndarray, replay: Replay, depth: int) -> float:
@@ -374,6 +374,30 @@ class Gate:
 
     below: float | None = None
     max_target_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.below is None and self.max_target_ms is not None:
+            raise ValueError(f"a gate's target_ms cap ({self.max_target_ms}) needs a gate below")
+        if self.below is not None and not (math.isfinite(self.below) and self.below >= 0):
+            raise ValueError(f"a gate's g must be finite and >= 0, got {self.below}")
+        cap = self.max_target_ms
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
+            raise ValueError(f"a gate's target_ms cap must be finite and > 0, got {self.max_target_ms}")
+
+    def manifest_fields(self) -> dict[str, float]:
+        """What the exported manifest carries for it (decoder.scheduler.LearnedScheduler reads them)."""
+        fields = {} if self.below is None else {"skip_rest_below": self.below}
+        if self.max_target_ms is not None:
+            fields["skip_rest_max_target_ms"] = self.max_target_ms
+        return fields
+
+    def rule_text(self) -> str:
+        """Its part of the manifest's ``decision`` sentence ("" for no gate)."""
+        if self.below is None:
+            return ""
+        return "; below threshold - skip_rest_below, skip the rest of the round" + (
+            "" if self.max_target_ms is None else " (where target_ms <= skip_rest_max_target_ms)"
+        )
 
     @property
     def key(self) -> str:
@@ -553,7 +577,6 @@ def main(params: Params) -> dict:
             walk_states = oof_walk_states(oof, rs, depth, fold_signals)
             gate, gate_walks, gate_noise = choose_skip_rest(walk_states, rs, depth)
             skip_rounds, idle_margin, backoff_walks = choose_skip_rounds(walk_states, rs, depth, gate)
-        skip_rest = gate.below
         metrics = {
             "n_params": n_params,
             "n_states": len(z),
@@ -568,7 +591,7 @@ def main(params: Params) -> dict:
             "offline": summary(results),
             "vs_better_endpoint": _vs_endpoint(results),
             "train_set": _train_set_metrics(st, results, rs, depth),
-            "skip_rest_below": skip_rest,
+            "skip_rest_below": gate.below,
             "skip_rest_max_target_ms": gate.max_target_ms,
             "skip_rest_noise": gate_noise,
             "skip_rounds_max": skip_rounds,
@@ -586,23 +609,13 @@ def main(params: Params) -> dict:
         extra = {
             "signals": list(signals),
             "threshold": st.threshold,
-            **({} if skip_rest is None else {"skip_rest_below": skip_rest}),
-            **(
-                {}
-                if skip_rest is None or gate.max_target_ms is None
-                else {"skip_rest_max_target_ms": gate.max_target_ms}
-            ),
+            **gate.manifest_fields(),
             **({} if skip_rounds == 0 else {"skip_rounds_max": skip_rounds}),
             **({} if skip_rounds == 0 or idle_margin == 0 else {"skip_rounds_margin": idle_margin}),
             "margin_source": cfg.margin_source,
             "margin_units": _units(st.loss, cfg.relative),
             "decision": f"invoke the mid drafter iff the de-standardized output > threshold ({st.loss})"
-            + ("" if skip_rest is None else "; below threshold - skip_rest_below, skip the rest of the round")
-            + (
-                ""
-                if skip_rest is None or gate.max_target_ms is None
-                else " (where target_ms <= skip_rest_max_target_ms)"
-            )
+            + gate.rule_text()
             + (
                 ""
                 if skip_rounds == 0
@@ -662,9 +675,8 @@ def _train_set_metrics(
     }
     if walks:
         out["round_walk_pct_of_oracle"] = walks
-        best = max(st.by_set, key=lambda n: (walks[n], -TRAIN_SETS.index(n)))
-        lead, se = _lead_over_both(best, st.walks)
-        out["best_walk"] = best
+        lead, se = _lead_over_both(st.best_walk, st.walks)
+        out["best_walk"] = st.best_walk
         out["best_lead_over_both_pct"], out["best_lead_over_both_se"] = lead, se
         if st.mse_lead is not None:
             out["mse_lead_vs"], out["mse_lead_pct"], out["mse_lead_se"] = st.mse_lead

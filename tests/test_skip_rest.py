@@ -9,6 +9,7 @@ offline reproduces a step-by-step walk written out here.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import numpy as np
@@ -304,3 +305,23 @@ def test_the_gate_walks_are_the_priced_walks_per_report() -> None:
         assert walks[distill.Gate(gap, cap).key] == pytest.approx(_by_hand(out, st, 3, gap, cap))
     assert noise["reports"] == 2
     assert g.key in walks
+
+
+def test_a_gate_states_its_manifest_fields_and_rule_and_refuses_bad_values() -> None:
+    """What export writes for each gate: nothing without one; g alone; g with its target_ms cap.
+    The decoder reads these names (decoder.scheduler.LearnedScheduler)."""
+    assert distill.Gate().manifest_fields() == {} and distill.Gate().rule_text() == ""
+    assert distill.Gate(0.5).manifest_fields() == {"skip_rest_below": 0.5}
+    capped = distill.Gate(0.5, 8.0)
+    assert capped.manifest_fields() == {"skip_rest_below": 0.5, "skip_rest_max_target_ms": 8.0}
+    assert "skip_rest_below" in capped.rule_text() and "skip_rest_max_target_ms" in capped.rule_text()
+    assert "skip_rest_max_target_ms" not in distill.Gate(0.5).rule_text()
+    bad_gates = (
+        {"max_target_ms": 8.0},
+        {"below": -1.0},
+        {"below": math.nan},
+        {"below": 1.0, "max_target_ms": 0.0},
+    )
+    for bad in bad_gates:
+        with pytest.raises(ValueError, match="gate"):
+            distill.Gate(**bad)
