@@ -84,6 +84,11 @@ def round_state_names(depth: int) -> tuple[str, ...]:
     return ("pair_id", "dataset_id", "fold_id", *KEY, *state_feature_names(depth), *OUTCOMES)
 
 
+def schedule_strings(depth: int) -> list[str]:
+    """Every schedule's bits as a string (step 1 first), in schedule_id order."""
+    return _schedules(depth)["schedule"].to_list()
+
+
 def _schedules(depth: int) -> pl.DataFrame:
     bits = ["".join("1" if b else "0" for b in schedule_bits(s, depth)) for s in range(2**depth)]
     return pl.DataFrame(
@@ -382,6 +387,34 @@ def backoff_walk_pct(
     trade c makes per skipped round (the decisions saved against the mid calls the skipped rounds
     would have made), in the price units of :func:`priced_walk_pct`; the decoder's skip-runs are
     counted in its own rounds."""
+    walk = _backoff_walk(states, depth, skip_rest_below, skip_rounds_max, skip_rounds_margin, max_target_ms)
+    return _pct_of_oracle(outcomes, walk, depth)
+
+
+def backoff_walk_pct_by_report(
+    outcomes: pl.DataFrame,
+    states: pl.DataFrame,
+    depth: int,
+    skip_rest_below: float | None,
+    skip_rounds_max: int,
+    skip_rounds_margin: float = 0.0,
+    max_target_ms: float | None = None,
+) -> pl.DataFrame:
+    """:func:`backoff_walk_pct` per report (columns report_id, pct; sorted by report)."""
+    walk = _backoff_walk(states, depth, skip_rest_below, skip_rounds_max, skip_rounds_margin, max_target_ms)
+    return _pct_by_report(outcomes, walk, depth)
+
+
+def _backoff_walk(
+    states: pl.DataFrame,
+    depth: int,
+    skip_rest_below: float | None,
+    skip_rounds_max: int,
+    skip_rounds_margin: float,
+    max_target_ms: float | None,
+) -> pl.DataFrame:
+    """:func:`_walk` with the cross-round backoff carried from start to start (see
+    :func:`backoff_walk_pct`)."""
     walk = _walk(states, depth, skip_rest_below, max_target_ms).sort(START)
     backoff, idle = RoundBackoff(skip_rounds_max), "0" * depth
     schedules, decisions, prompt = [], [], None
@@ -399,19 +432,23 @@ def backoff_walk_pct(
             backoff.engaged()
         schedules.append(schedule)
         decisions.append(n)
-    walk = walk.with_columns(
+    return walk.with_columns(
         schedule=pl.Series(schedules, dtype=pl.String), decisions=pl.Series(decisions, dtype=pl.Int64)
     )
-    return _pct_of_oracle(outcomes, walk, depth)
 
 
 def fixed_schedule_pct(outcomes: pl.DataFrame, depth: int, schedule_id: int) -> float:
     """One fixed schedule in every round, priced without decisions, as % of the round oracle (the
     :func:`priced_walk_pct` baseline); mean over reports."""
+    return float(fixed_schedule_pct_by_report(outcomes, depth, schedule_id)["pct"].mean())
+
+
+def fixed_schedule_pct_by_report(outcomes: pl.DataFrame, depth: int, schedule_id: int) -> pl.DataFrame:
+    """:func:`fixed_schedule_pct` per report (columns report_id, pct; sorted by report)."""
     schedule = _schedules(depth).filter(pl.col("schedule_id") == schedule_id)["schedule"]
     walk = (
         outcomes.select(START)
         .unique()
         .with_columns(schedule=pl.lit(schedule.item(), pl.String), decisions=pl.lit(0, pl.Int64))
     )
-    return _pct_of_oracle(outcomes, walk, depth)
+    return _pct_by_report(outcomes, walk, depth)

@@ -57,14 +57,17 @@ from features.datasets import column, state_matrix
 from features.folds import fold_rows
 from features.round_states import (
     backoff_walk_pct,
+    backoff_walk_pct_by_report,
     feature_matrix,
     fixed_schedule_pct,
+    fixed_schedule_pct_by_report,
     priced_walk_pct_by_report,
     report_context,
     round_outcomes,
     round_states,
     round_walk_pct,
     round_walk_pct_by_report,
+    schedule_strings,
 )
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
@@ -537,6 +540,60 @@ def oof_walk_states(
     return rs.frame.select(*keys).with_columns(score=pl.Series(scores), threshold=pl.Series(thresholds))
 
 
+def walks_by_report(
+    states: pl.DataFrame, rs: RoundSet, depth: int, gate: Gate, skip_rounds: int, idle_margin: float
+) -> list[dict]:
+    """Per report, the exported student's decision-priced round walk out of fold (its gate and
+    backoff; :func:`oof_walk_states`) beside All-Small's, All-Mid's and the report's best fixed
+    schedule's (chosen in hindsight among all 2^D on the report's own starts), each % of the round
+    oracle: what "the student beats every fixed schedule" means in the walk."""
+    student = backoff_walk_pct_by_report(
+        rs.outcomes, states, depth, gate.below, skip_rounds, idle_margin, gate.max_target_ms
+    )
+    reports = student["report_id"].to_list()
+    names = schedule_strings(depth)
+    fixed = []
+    for sid in range(len(names)):
+        per = fixed_schedule_pct_by_report(rs.outcomes, depth, sid)
+        if per["report_id"].to_list() != reports:
+            raise ValueError("round walks: a fixed schedule's walk reaches other reports than the student's")
+        fixed.append(per["pct"].to_numpy())
+    table = np.stack(fixed, axis=1)
+    mid = names.index("1" * depth)
+    rows = []
+    for i, (report, pct) in enumerate(zip(reports, student["pct"].to_list(), strict=True)):
+        best = int(np.argmax(table[i]))
+        rows.append(
+            {
+                "report_id": report,
+                "student": pct,
+                "all_small": float(table[i, 0]),
+                "all_mid": float(table[i, mid]),
+                "best_fixed": float(table[i, best]),
+                "best_schedule": names[best],
+            }
+        )
+    return rows
+
+
+def _vs_fixed(rows: list[dict]) -> dict:
+    """The student's walk against the better endpoint and the best fixed schedule, per report in %:
+    mean, worst and how many reports are within 1% (the issue's offline test)."""
+    if not rows:
+        return {}
+    end = np.array([100 * (r["student"] / max(r["all_small"], r["all_mid"]) - 1) for r in rows])
+    best = np.array([100 * (r["student"] / r["best_fixed"] - 1) for r in rows])
+    return {
+        "reports": len(rows),
+        "vs_better_endpoint_mean_pct": float(end.mean()),
+        "vs_better_endpoint_worst_pct": float(end.min()),
+        "within_1pct_of_better_endpoint": int((end >= -1).sum()),
+        "vs_best_fixed_mean_pct": float(best.mean()),
+        "vs_best_fixed_worst_pct": float(best.min()),
+        "within_1pct_of_best_fixed": int((best >= -1).sum()),
+    }
+
+
 def _pair_signals(params: Params) -> list[tuple[str, ...]]:
     try:
         return read_fold_signals(params, "pair")
@@ -572,11 +629,13 @@ def main(params: Params) -> dict:
         )
         oof = st.fits["student_oof"]
         gate, gate_walks, gate_noise, skip_rounds, idle_margin, backoff_walks = Gate(), {}, {}, 0, 0.0, {}
+        by_report: list[dict] = []
         if rs is not None:
             fold_signals = read_fold_signals(params, "report")
             walk_states = oof_walk_states(oof, rs, depth, fold_signals)
             gate, gate_walks, gate_noise = choose_skip_rest(walk_states, rs, depth)
             skip_rounds, idle_margin, backoff_walks = choose_skip_rounds(walk_states, rs, depth, gate)
+            by_report = walks_by_report(walk_states, rs, depth, gate, skip_rounds, idle_margin)
         metrics = {
             "n_params": n_params,
             "n_states": len(z),
@@ -596,6 +655,8 @@ def main(params: Params) -> dict:
             "skip_rest_noise": gate_noise,
             "skip_rounds_max": skip_rounds,
             "skip_rounds_margin": idle_margin,
+            "round_walk_by_report": by_report,
+            "round_walk_vs_fixed": _vs_fixed(by_report),
             "decision_priced_walk_pct": (
                 {
                     **{f"student_skip_rest_below_{g}": v for g, v in gate_walks.items()},
@@ -835,6 +896,35 @@ def _gate_lines(metrics: dict) -> list[str]:
     ]
 
 
+def _by_report_lines(metrics: dict) -> list[str]:
+    rows, vs = metrics.get("round_walk_by_report") or [], metrics.get("round_walk_vs_fixed") or {}
+    if not rows:
+        return []
+    n_fixed = 2 ** len(rows[0]["best_schedule"])
+    lines = [
+        "",
+        "Per report, the exported student's decision-priced round walk out of fold (its gate and "
+        "backoff) against the fixed schedules, % of the round oracle (best fixed: the report's best of "
+        f"all {n_fixed} in hindsight). Against the better endpoint: mean "
+        f"{vs['vs_better_endpoint_mean_pct']:+.1f}%, worst {vs['vs_better_endpoint_worst_pct']:+.1f}%, "
+        f"within 1% on {vs['within_1pct_of_better_endpoint']} of {vs['reports']} reports; against the "
+        f"best fixed schedule: mean {vs['vs_best_fixed_mean_pct']:+.1f}%, worst "
+        f"{vs['vs_best_fixed_worst_pct']:+.1f}%, within 1% on {vs['within_1pct_of_best_fixed']}.",
+        "",
+        "| report | student | All-Small | All-Mid | best fixed (schedule) | vs better endpoint "
+        "| vs best fixed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        end = 100 * (r["student"] / max(r["all_small"], r["all_mid"]) - 1)
+        best = 100 * (r["student"] / r["best_fixed"] - 1)
+        lines.append(
+            f"| {r['report_id']} | {r['student']:.1f}% | {r['all_small']:.1f}% | {r['all_mid']:.1f}% | "
+            f"{r['best_fixed']:.1f}% ({r['best_schedule']}) | {end:+.1f}% | {best:+.1f}% |"
+        )
+    return lines
+
+
 def _write_offline(
     out: Path, results: dict[str, dict[str, PolicyResult]], train_set: dict, metrics: dict
 ) -> str:
@@ -855,6 +945,7 @@ def _write_offline(
         )
     lines += _train_set_lines(train_set)
     lines += _gate_lines(metrics)
+    lines += _by_report_lines(metrics)
     lines += ["", "| report | " + " | ".join(LABELS[p] for p in policies) + " |"]
     lines.append("|" + "---|" * (len(policies) + 1))
     for report, row in results.items():

@@ -29,7 +29,7 @@ from features.datasets import state_matrix
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
 from pipeline.cli import stage_params
-from pipeline.distill import Gate, parse_backoff_key
+from pipeline.distill import Gate, backoff_key, parse_backoff_key
 
 STAGES = ("canonicalize", "select_signals", "fit_value", "margins", "distill", "export")
 PLANTED = "tree_size"  # carries the reports' hidden mid-drafter quality (tests/synthetic_collect.py)
@@ -280,3 +280,27 @@ def test_distill_exports_the_backoff_whose_walk_is_best(run_all):
     exported = load_scheduler(Path(params.export.out_dir) / "scheduler.json")
     assert exported.manifest.get("skip_rounds_max", 0) == c
     assert exported.engaged_above == pytest.approx(exported.threshold - (h if c else 0.0))
+
+
+def test_distill_puts_the_student_beside_every_fixed_schedule_per_report(run_all):
+    """The per-report table: the exported student's walk (its gate and backoff) averages to the
+    walk distill chose c and h by, All-Small's to the fixed-schedule walk computed on its own, and
+    the report's best fixed schedule is at least both endpoints; the summary counts agree."""
+    params, res = run_all
+    metrics = res["distill"]
+    rows, walks = metrics["round_walk_by_report"], metrics["decision_priced_walk_pct"]
+    assert len(rows) == len({r["report_id"] for r in rows}) >= 2
+    c, h = metrics["skip_rounds_max"], metrics["skip_rounds_margin"]
+    assert np.mean([r["student"] for r in rows]) == pytest.approx(walks[backoff_key(c, h)])
+    assert np.mean([r["all_small"] for r in rows]) == pytest.approx(walks["all_small"])
+    for r in rows:
+        assert r["best_fixed"] >= max(r["all_small"], r["all_mid"]) and len(r["best_schedule"]) == 5
+        if r["best_schedule"] == "00000":
+            assert r["best_fixed"] == r["all_small"]
+    vs = metrics["round_walk_vs_fixed"]
+    gaps = [100 * (r["student"] / r["best_fixed"] - 1) for r in rows]
+    assert vs["reports"] == len(rows) and vs["within_1pct_of_best_fixed"] == sum(g >= -1 for g in gaps)
+    assert vs["vs_best_fixed_worst_pct"] == pytest.approx(min(gaps))
+    assert vs["within_1pct_of_better_endpoint"] >= vs["within_1pct_of_best_fixed"]
+    text = (Path(params.distill.out_dir) / "offline.md").read_text()
+    assert f"| {rows[0]['report_id']} | {rows[0]['student']:.1f}% |" in text
