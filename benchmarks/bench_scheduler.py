@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from decoder.ngram import NgramDrafter
 from decoder.planning import HEADS, suffix_feature_names
 from decoder.policies import BuildState, RuntimeContext, StepContext
 from decoder.scheduler import build_manifest, load_scheduler, load_value_planner, write_artifact
-from decoder.state import state_feature_names, tree_signals
+from decoder.state import state_feature_names, step_signals, tree_signals
 from decoder.tree import DraftTree
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
@@ -66,7 +67,13 @@ def realistic_state(seed: int = 0, nodes: int = 90) -> BuildState:
         parent = int(rng.integers(0, len(tree)))
         tree.add_child(parent, int(rng.integers(2, 5000)), float(-rng.exponential(1.0)), step=2)
     live = tree.live_nodes()
-    return BuildState(tree, visited=set(live[: len(live) // 3]), newest=live[-30:])
+    # a context of 400 tokens over a small vocabulary, so the n-gram lookahead finds matches
+    text = [int(t) for t in rng.integers(2, 60, size=400)]
+    ngram = NgramDrafter()
+    ngram.commit(text)
+    return BuildState(
+        tree, visited=set(live[: len(live) // 3]), newest=live[-30:], ngram=ngram, tail=tuple(text[-5:])
+    )
 
 
 def per_call_us(fn: Callable[[], object], repeats: int = 7, number: int = 2000) -> float:
@@ -107,6 +114,10 @@ def main() -> None:
         (
             "tree signals alone (10 candidates)",
             per_call_us(lambda: tree_signals(ctx.state, sched.features.width)),
+        ),
+        (
+            "tree signals + n-gram lookahead",
+            per_call_us(lambda: step_signals(ctx.state, sched.features.width)),
         ),
         ("value planner at step 3 (8 suffixes x 2)", per_call_us(lambda: planner.margin(z, 3), number=500)),
     ]

@@ -9,7 +9,7 @@ from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import ModelPair
 from decoder.policies import StepContext
-from decoder.state import tree_signals
+from decoder.state import step_signals
 
 
 @dataclass
@@ -21,7 +21,7 @@ class SignalRecorder:
     signals: list[tuple[float, ...]] = field(default_factory=list)
 
     def __call__(self, ctx: StepContext) -> bool:
-        self.signals.append(tree_signals(ctx.state, self.width))
+        self.signals.append(step_signals(ctx.state, self.width))
         return self.bits[ctx.step - 1]
 
 

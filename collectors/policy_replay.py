@@ -25,15 +25,13 @@ from decoder.construct import RoundBuilder
 from decoder.mid import TreeScores
 from decoder.outcome import first_round_start
 from decoder.policies import (
-    BuildState,
     RuntimeContext,
     Scheduler,
     StepContext,
     decision_taken,
     start_generation,
 )
-from decoder.state import tree_signals
-from decoder.tree import DraftTree
+from decoder.state import step_signals
 
 
 @dataclass(frozen=True)
@@ -60,11 +58,11 @@ def replay_policy(
     while True:
         ngram.commit(text[len(ngram.index.tokens) : start])
         committed = text[:start]
-        b = Branch((), BuildState(DraftTree(text[start - 1])), BranchMid(TreeScores()), (), ())
+        b = Branch((), builder.new_state(committed), BranchMid(TreeScores()), (), ())
         lag = (start - 1) - walk.mid_committed  # what generate's RoundBuilder.mid_lag gives
         decisions = 0
         for k in range(1, depth + 1):
-            signals = (*b.signals, tree_signals(b.state, cfg.width))
+            signals = (*b.signals, step_signals(b.state, cfg.width))
             use_mid = bool(policy(StepContext(k, depth, b.bits, b.state, runtime, lag)))
             decisions += decision_taken(policy)
             if use_mid:

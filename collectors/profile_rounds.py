@@ -95,10 +95,6 @@ def prefix_tree(tree: DraftTree, n_nodes: int) -> DraftTree:
     return out
 
 
-def snapshot(state: BuildState) -> BuildState:
-    return BuildState(state.tree.copy(), set(state.visited), list(state.newest), list(state.frontier))
-
-
 def student_like(depth: int, width: int, rng: np.random.Generator) -> LearnedScheduler:
     """A student of the exported shape with random weights: the decision work, not its answers."""
     n_fixed = len(state_feature_names(depth, ()))
@@ -161,7 +157,7 @@ def real_rounds(ref: Reference, depth: int) -> RealRounds:
         bits = schedule_bits(s, depth)
 
         def schedule(ctx: StepContext, bits: tuple[bool, ...] = bits) -> bool:
-            steps.append(PreStep(ctx.step, ctx.history, snapshot(ctx.state), bits[ctx.step - 1]))
+            steps.append(PreStep(ctx.step, ctx.history, ctx.state.copy(), bits[ctx.step - 1]))
             return bits[ctx.step - 1]
 
         tree, _ = ref.builder.build(ref.context, schedule, zero_times())

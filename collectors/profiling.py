@@ -65,7 +65,6 @@ from collectors.profile_rounds import (
     prefix_tree,
     real_rounds,
     reference_context,
-    snapshot,
     student_like,
 )
 from decoder.config import TreeConfig
@@ -131,7 +130,7 @@ def small_steps_by_frontier(ref: Reference, real: RealRounds) -> dict[int, list[
     groups: dict[int, list[PreStep]] = {}
     for p in real.steps:
         if not p.invoke:
-            f = ref.builder.small_step(snapshot(p.state), ref.context, p.step).frontier_size
+            f = ref.builder.small_step(p.state.copy(), ref.context, p.step).frontier_size
             groups.setdefault(f, []).append(p)
     return dict(sorted(groups.items()))
 
@@ -194,7 +193,7 @@ def grid_jobs(
 
     def after_small() -> None:  # untimed: ... then an n-gram step (a round without a mid call)
         after_verify()
-        ref.builder.small_step(snapshot(small.state), ctx, small.step)
+        ref.builder.small_step(small.state.copy(), ctx, small.step)
 
     for n in grid.verify:
         tree = prefix_tree(big, n)
@@ -207,7 +206,7 @@ def grid_jobs(
     jobs["ar", 1] = Job(ar_setup, lambda token: ar_burst(ref, token, AR_WARM, AR_BURST), AR_BURST)
     for f, group in small_steps_by_frontier(ref, real).items():
         jobs["ngram", f] = Job(
-            lambda g=group: [(p.step, snapshot(p.state)) for p in g],
+            lambda g=group: [(p.step, p.state.copy()) for p in g],
             lambda states: [ref.builder.small_step(s, ctx, k) for k, s in states],
             len(group),
         )

@@ -17,11 +17,15 @@ from decoder.config import TreeConfig
 from decoder.policies import RuntimeContext
 from decoder.state import (
     CONTEXT_NAMES,
+    LOOKAHEAD_NAME,
+    RECORDED_NAMES,
     SIGNAL_NAMES,
     context_features,
     history_features,
     history_names,
 )
+
+LOOKAHEAD = RECORDED_NAMES.index(LOOKAHEAD_NAME)  # its place in a step's recorded signals
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class RoundRecord:
     mid_tree_tokens: tuple[int, ...]  # tree nodes forwarded, one entry per mid call
     mid_catch_up: int  # committed tokens forwarded with the round's first mid call
     small_steps: int
-    signals: tuple[tuple[float, ...], ...]  # before each step, SIGNAL_NAMES order
+    signals: tuple[tuple[float, ...], ...]  # before each step, RECORDED_NAMES order (decoder.state)
     measured_ms: float = math.nan  # wall time without collection overhead (execute mode only)
     tree_nodes: int = 0  # live tree nodes before the prune, root included (0: unknown, priced as verified)
     small_frontier: int | None = None  # frontier nodes the small steps expanded in all (None: unknown)
@@ -136,7 +140,9 @@ def trajectory_rows(
     actions = []
     for k in range(1, depth + 1):
         # the lag differs from round to round: the action row holds the mean over rounds, as the signals
-        per_round = [history_features(k, depth, bits[: k - 1], r.mid_lag) for r in rounds]
+        per_round = [
+            history_features(k, depth, bits[: k - 1], r.mid_lag, r.signals[k - 1][LOOKAHEAD]) for r in rounds
+        ]
         history = {n: sum(h[i] for h in per_round) / len(rounds) for i, n in enumerate(history_names(depth))}
         signals = [sum(r.signals[k - 1][i] for r in rounds) / len(rounds) for i in range(len(SIGNAL_NAMES))]
         actions.append(

@@ -38,7 +38,7 @@ from decoder.models import ModelPair
 from decoder.ngram import NgramDrafter
 from decoder.outcome import first_round_start
 from decoder.policies import BuildState
-from decoder.state import tree_signals
+from decoder.state import step_signals
 from decoder.tensors import causal_block, forward_block
 from decoder.tree import ROOT, DraftTree
 from decoder.verify import TargetVerifier, top_logps
@@ -78,10 +78,6 @@ class PromptReplay:
     n_tokens: dict[int, int]  # tokens the rounds emitted (the prefill's first token excluded)
     starts: dict[int, list[BranchOutcome]]  # round-table starts: committed length -> all schedules
     start_lags: dict[int, int] = field(default_factory=dict)  # round-table start -> its mid lag
-
-
-def branch_copy(state: BuildState) -> BuildState:
-    return BuildState(state.tree.copy(), set(state.visited), list(state.newest), list(state.frontier))
 
 
 def small_frontier(tree: DraftTree, bits: tuple[bool, ...], width: int, sequential: bool = False) -> int:
@@ -251,18 +247,18 @@ class Replayer:
         prefixes = None if needed is None else {b[:k] for b in needed for k in range(len(b) + 1)}
         committed = text[:start]
         width = self.config.tree.width
-        level = [Branch((), BuildState(DraftTree(text[start - 1])), TrieBranchMid(TreeScores()), (), ())]
+        level = [Branch((), builder.new_state(committed), TrieBranchMid(TreeScores()), (), ())]
         trie = None if context is None else RoundTrie(self.pair.mid, self.pair.vocab_size, context, start - 1)
         for k in range(1, self.depth + 1):
             nxt, invoking = [], []
             for b in level:
-                sig = (*b.signals, tree_signals(b.state, width))
+                sig = (*b.signals, step_signals(b.state, width))
                 if prefixes is None or (*b.bits, False) in prefixes:
-                    small = branch_copy(b.state)
+                    small = b.state.copy()
                     builder.small_step(small, committed, k)
                     nxt.append(Branch((*b.bits, False), small, b.mid, b.calls, sig))
                 if context is not None and (prefixes is None or (*b.bits, True) in prefixes):
-                    invoking.append(Branch((*b.bits, True), branch_copy(b.state), b.mid.copy(), b.calls, sig))
+                    invoking.append(Branch((*b.bits, True), b.state.copy(), b.mid.copy(), b.calls, sig))
             if invoking:
                 assert trie is not None
                 trie.rescore([(b.state.tree, b.mid) for b in invoking])

@@ -60,7 +60,7 @@ class RoundBuilder:
         times: dict[str, float],
         runtime: RuntimeContext | None = None,
     ) -> tuple[DraftTree, list[StepRecord]]:
-        state = BuildState(tree=DraftTree(committed[-1]))
+        state = self.new_state(committed)
         history: list[bool] = []
         records = []
         lag = self.mid_lag(committed)
@@ -82,6 +82,13 @@ class RoundBuilder:
             history.append(use_mid)
             records.append(rec if decided else replace(rec, decided=False))
         return state.tree, records
+
+    def new_state(self, committed: list[int]) -> BuildState:
+        """A round's state before step 1: the bare tree over the last committed token, with the
+        n-gram drafter and the committed tail a small step would draft from."""
+        return BuildState(
+            tree=DraftTree(committed[-1]), ngram=self.ngram, tail=tuple(committed[-self.config.ngram_max_n :])
+        )
 
     def mid_lag(self, committed: list[int]) -> int:
         """Committed tokens (root excluded) the mid drafter's cache lacks: what its next call must

@@ -78,6 +78,14 @@ class NgramIndex:
                 return list(islice(reversed(after.values()), limit))
         return []
 
+    def match_length(self, suffix: Sequence[int], min_n: int = 1) -> int:
+        """n of the n-gram :meth:`latest_continuations` would continue from (the longest of
+        `suffix`'s tail, n >= min_n, with a successor); 0 when none: O(max_n), no positions read."""
+        for n in range(min(self.max_n, len(suffix)), min_n - 1, -1):
+            if self.successors.get(tuple(suffix[-n:])):
+                return n
+        return 0
+
     def longest_match(self, suffix: Sequence[int]) -> list[int]:
         """End positions (ascending) of the longest n-gram of `suffix`'s tail that has a successor."""
         last = len(self.tokens) - 1
@@ -178,6 +186,10 @@ class NgramDrafter:
 
     def commit(self, tokens: Sequence[int]) -> None:
         self.index.extend(tokens)
+
+    def match_length(self, suffix: Sequence[int]) -> int:
+        """The n of the match :meth:`propose` would draft from (0: it would draft nothing)."""
+        return self.index.match_length(suffix, self.min_n)
 
     def propose(self, suffix: Sequence[int], limit: int) -> list[Chain]:
         """At most `limit` chains with distinct first tokens, best first-token score first."""

@@ -8,7 +8,7 @@ names the GRAFT path, a DDTree from a block proposer's marginals (decoder/genera
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -25,14 +25,33 @@ class RuntimeContext:
     mid_ms: float
 
 
+class Lookahead(Protocol):
+    """What the n-gram lookahead reads of the small drafter (decoder.ngram.NgramDrafter)."""
+
+    @property
+    def max_n(self) -> int: ...
+
+    def match_length(self, suffix: Sequence[int]) -> int: ...
+
+
 @dataclass
 class BuildState:
-    """Construction state before a step: the tree, P_k (mid-visited), N_k (newest), last frontier."""
+    """Construction state before a step: the tree, P_k (mid-visited), N_k (newest), last frontier;
+    and what a small step would draft from: the round's n-gram drafter and the committed tokens'
+    tail (its last ngram_max_n; None / empty where no small step can run, e.g. a bare tree)."""
 
     tree: DraftTree
     visited: set[int] = field(default_factory=set)
     newest: list[int] = field(default_factory=lambda: [0])
     frontier: list[int] = field(default_factory=list)
+    ngram: Lookahead | None = None
+    tail: tuple[int, ...] = ()
+
+    def copy(self) -> BuildState:
+        """An independent copy of the tree and the node sets (the drafter is shared, read only)."""
+        return BuildState(
+            self.tree.copy(), set(self.visited), list(self.newest), list(self.frontier), self.ngram, self.tail
+        )
 
 
 @dataclass(frozen=True)

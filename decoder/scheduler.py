@@ -32,7 +32,7 @@ from decoder.artifact import (
 )
 from decoder.planning import HEADS, search_margins, suffix_feature_names
 from decoder.policies import RoundBackoff, RuntimeContext, StepContext
-from decoder.state import SIGNAL_NAMES, context_features, history_features, state_feature_names, tree_signals
+from decoder.state import SIGNAL_NAMES, context_features, history_features, state_feature_names, step_signals
 
 __all__ = [
     "KINDS",
@@ -130,8 +130,8 @@ class _OnlineFeatures:
             )
         if ctx.runtime is not self._runtime:
             self._runtime, self._context = ctx.runtime, context_features(ctx.runtime)
-        sig = tree_signals(ctx.state, self.width)
-        hist = history_features(ctx.step, ctx.depth, ctx.history, ctx.mid_lag)
+        sig = step_signals(ctx.state, self.width)
+        hist = history_features(ctx.step, ctx.depth, ctx.history, ctx.mid_lag, sig[-1])
         return np.array([*self._context, *hist, *(sig[i] for i in self.idx)])
 
 

@@ -7,9 +7,10 @@ import pyarrow as pa
 from decoder.state import state_feature_names
 from features.tables import TableSpec
 
-SCHEMA_VERSION = "v2"  # v2: per-prompt tokens and priced milliseconds (the bootstrap over prompts)
-ROUNDS_VERSION = "v4"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms;
-# v4: decision_cold_ms
+SCHEMA_VERSION = "v3"  # v2: per-prompt tokens and priced milliseconds (the bootstrap over prompts);
+# v3: the history's ngram_match_frac (the n-gram lookahead) where mid_calls_frac was
+ROUNDS_VERSION = "v5"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms;
+# v4: decision_cold_ms; v5: each step's signals end with the n-gram lookahead (decoder.state.RECORDED_NAMES)
 MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
 
 _KEYS = (("report_id", pa.string()), ("pair_id", pa.string()), ("dataset_id", pa.string()))

@@ -8,8 +8,9 @@ start, with the tree signals before each step):
 - z in decoder.state.state_feature_names(D) order (all 10 signals; callers pick columns):
   context = log1p(the prompt's own length) and the report's profiled timings (target ms, mid ms,
   their log ratio: what the runtime context and the canonical states hold); history from the bits
-  of the prefix and the start's mid lag (0 once the prefix has called the mid drafter, as online);
-  the round's own tree signals before step k (equal for every schedule sharing the prefix).
+  of the prefix, the start's mid lag (0 once the prefix has called the mid drafter, as online)
+  and the round's own n-gram lookahead before step k; the round's own tree signals before step k
+  (signals and lookahead equal for every schedule sharing the prefix).
 - two margins, a schedule's round value being (accepted + 1) / its priced round ms (both in the
   round table), each also relative (/ the better branch's value):
   - ``margin_suffix_tok_per_s`` / ``margin_suffix_relative``, the training target
@@ -22,7 +23,7 @@ start, with the tree signals before each step):
     inside the round, the best value of the round over prefix + '1' + any suffix minus the best
     over prefix + '0' + any suffix. Each branch's best of 2^(D-k) noisy values, chosen on this
     round's own outcomes: students trained on it called the mid drafter at 20-26% of zoo-chat-l's
-    steps, where a fixed 10101 (60%) walked 17-21% ahead of them (same data and folds: the round
+    steps, where they walked 17-21% behind a fixed 10101 (60%) (same data and folds: the round
     walk of the exported training states 73.1% of the round oracle with these targets, 75.5% with
     the suffix ones).
 - the walks (:func:`round_walk_pct` and its per-report form, :func:`priced_walk_pct`,
@@ -57,7 +58,8 @@ import pyarrow as pa
 from decoder.policies import RoundBackoff, schedule_bits
 from decoder.state import (
     CONTEXT_NAMES,
-    SIGNAL_NAMES,
+    LOOKAHEAD_NAME,
+    RECORDED_NAMES,
     history_features,
     history_names,
     state_feature_names,
@@ -136,7 +138,7 @@ def round_states(rounds: pa.Table, context: pl.DataFrame, depth: int) -> pl.Data
     missing = frame.select("report_id").unique().join(context, on="report_id", how="anti")
     if missing.height:
         raise ValueError(f"rounds: report(s) {missing['report_id'].to_list()[:3]} have no canonical states")
-    n_sig = len(SIGNAL_NAMES)
+    n_sig = len(RECORDED_NAMES)  # per step: the candidate signals, then the lookahead
     value = (1e3 * (pl.col("accepted").cast(pl.Float64) + 1) / pl.col("round_latency_ms")).alias("value")
     valued = frame.join(_schedules(depth), on="schedule_id").with_columns(value)
     steps = (
@@ -163,7 +165,7 @@ def round_states(rounds: pa.Table, context: pl.DataFrame, depth: int) -> pl.Data
         .join(_history(states, depth), on=["step", "prefix", "mid_lag"], how="left")
         .join(_log_prompt(states), on="prompt_tokens", how="left")
         .with_columns(
-            *(pl.col("sig").list.get(i).cast(pl.Float64).alias(n) for i, n in enumerate(SIGNAL_NAMES)),
+            *(pl.col("sig").list.get(i).cast(pl.Float64).alias(n) for i, n in enumerate(RECORDED_NAMES)),
             margin.alias("margin_tok_per_s"),
             (margin / pl.max_horizontal("invoke_tok_per_s", "skip_tok_per_s")).alias("margin_relative"),
             suffix.alias("margin_suffix_tok_per_s"),
@@ -209,15 +211,17 @@ def _with_suffix_values(states: pl.DataFrame, values: pl.DataFrame, depth: int) 
 
 def _history(states: pl.DataFrame, depth: int) -> pl.DataFrame:
     """History features per distinct (step, prefix, lag), by the decoder's own history_features
-    (bit-identical to what the runtime computes)."""
+    (bit-identical to what the runtime computes), all but the lookahead: that one passes through
+    history_features unchanged, and :func:`round_states` takes it from the round's own signals."""
     keys = states.select("step", "prefix", "mid_lag").unique().sort("step", "prefix", "mid_lag")
     rows = [
-        history_features(k, depth, tuple(c == "1" for c in prefix), lag)
+        history_features(k, depth, tuple(c == "1" for c in prefix), lag, 0.0)
         for k, prefix, lag in keys.iter_rows()
     ]
-    names = history_names(depth)
     return keys.with_columns(
-        pl.Series(n, [r[i] for r in rows], dtype=pl.Float64) for i, n in enumerate(names)
+        pl.Series(n, [r[i] for r in rows], dtype=pl.Float64)
+        for i, n in enumerate(history_names(depth))
+        if n != LOOKAHEAD_NAME
     )
 
 
@@ -300,11 +304,6 @@ def _walk(
     return walk.select(*START, schedule="prefix", decisions="decisions", slack="slack")
 
 
-def _pct_of_oracle(outcomes: pl.DataFrame, walk: pl.DataFrame, depth: int, decided: bool = False) -> float:
-    """The mean over reports of :func:`_pct_by_report`."""
-    return float(_pct_by_report(outcomes, walk, depth, decided)["pct"].mean())
-
-
 def _pct_by_report(
     outcomes: pl.DataFrame, walk: pl.DataFrame, depth: int, decided: bool = False
 ) -> pl.DataFrame:
@@ -347,7 +346,9 @@ def priced_walk_pct(
     starts (fixed schedules, priced with no decisions at all: a fixed schedule decides nothing) /
     the reached schedules' (each round's ms less the decisions not taken), in %; mean over
     reports."""
-    return _pct_of_oracle(outcomes, _walk(states, depth, skip_rest_below, max_target_ms), depth)
+    return float(
+        priced_walk_pct_by_report(outcomes, states, depth, skip_rest_below, max_target_ms)["pct"].mean()
+    )
 
 
 def priced_walk_pct_by_report(
@@ -387,8 +388,10 @@ def backoff_walk_pct(
     trade c makes per skipped round (the decisions saved against the mid calls the skipped rounds
     would have made), in the price units of :func:`priced_walk_pct`; the decoder's skip-runs are
     counted in its own rounds."""
-    walk = _backoff_walk(states, depth, skip_rest_below, skip_rounds_max, skip_rounds_margin, max_target_ms)
-    return _pct_of_oracle(outcomes, walk, depth)
+    per = backoff_walk_pct_by_report(
+        outcomes, states, depth, skip_rest_below, skip_rounds_max, skip_rounds_margin, max_target_ms
+    )
+    return float(per["pct"].mean())
 
 
 def backoff_walk_pct_by_report(
@@ -445,10 +448,27 @@ def fixed_schedule_pct(outcomes: pl.DataFrame, depth: int, schedule_id: int) -> 
 
 def fixed_schedule_pct_by_report(outcomes: pl.DataFrame, depth: int, schedule_id: int) -> pl.DataFrame:
     """:func:`fixed_schedule_pct` per report (columns report_id, pct; sorted by report)."""
-    schedule = _schedules(depth).filter(pl.col("schedule_id") == schedule_id)["schedule"]
-    walk = (
-        outcomes.select(START)
-        .unique()
-        .with_columns(schedule=pl.lit(schedule.item(), pl.String), decisions=pl.lit(0, pl.Int64))
+    every = fixed_schedules_pct_by_report(outcomes, depth)
+    return every.filter(pl.col("schedule_id") == schedule_id).select("report_id", "pct")
+
+
+def fixed_schedules_pct_by_report(outcomes: pl.DataFrame, depth: int) -> pl.DataFrame:
+    """Every one of the 2^D fixed schedules per report in one group-by (columns report_id,
+    schedule_id, schedule, pct; sorted by report, then schedule_id): the round oracle's ms per
+    token summed over the report's starts / the schedule's, both priced without decisions (what
+    :func:`_pct_by_report` gives a walk that plays the schedule at every start)."""
+    tokens = pl.col("accepted").cast(pl.Float64) + 1
+    base = pl.col("round_latency_ms") - depth * pl.col("decision_ms") - pl.col("decision_cold_ms")
+    per_token = outcomes.with_columns(per_token=base / tokens)
+    counts = per_token.group_by(START).agg(pl.len().alias("n"), pl.col("per_token").min().alias("best"))
+    short = counts.filter(pl.col("n") != 2**depth)
+    if short.height:
+        raise ValueError(f"round outcomes: start {short.row(0)[:3]} lacks some of the {2**depth} schedules")
+    return (
+        per_token.join(counts.drop("n"), on=START)
+        .group_by("report_id", "schedule_id")
+        .agg(pct=100 * pl.col("best").sum() / pl.col("per_token").sum())
+        .join(_schedules(depth), on="schedule_id", how="left")
+        .select("report_id", "schedule_id", "schedule", "pct")
+        .sort("report_id", "schedule_id")
     )
-    return _pct_by_report(outcomes, walk, depth)

@@ -16,7 +16,7 @@ import pyarrow as pa
 from decoder.state import state_feature_names
 from features.tables import TableSpec
 
-SCHEMA_VERSION = "v1"
+SCHEMA_VERSION = "v2"  # v2: the history's ngram_match_frac (the n-gram lookahead) where mid_calls_frac was
 
 _STATE_KEYS = (
     ("report_id", pa.string()),

@@ -51,7 +51,7 @@ import pyarrow as pa
 from collectors.plots import new_figure
 from config.params import Params, resolve
 from decoder.scheduler import build_manifest, write_artifact
-from decoder.state import state_feature_names
+from decoder.state import LOOKAHEAD_NAME, state_feature_names
 from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.datasets import column, state_matrix
 from features.folds import fold_rows
@@ -60,14 +60,13 @@ from features.round_states import (
     backoff_walk_pct_by_report,
     feature_matrix,
     fixed_schedule_pct,
-    fixed_schedule_pct_by_report,
+    fixed_schedules_pct_by_report,
     priced_walk_pct_by_report,
     report_context,
     round_outcomes,
     round_states,
     round_walk_pct,
     round_walk_pct_by_report,
-    schedule_strings,
 )
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
@@ -116,6 +115,7 @@ LABELS = {
     "student_both_oof": "student, canonical + round-level states",
     "student_mse_oof": "student, MSE + threshold 0 (the paper's)",
     "student_size0_oof": "student, size 0 (no tree signals)",
+    "student_no_lookahead_oof": "student, best training states without the n-gram lookahead",
     "student_lopo": "student, leave-one-pair-out",
     "value_planner_oof": "value planner",
     "all_small": "All-Small",
@@ -177,6 +177,9 @@ class Students:
     mse_lead: tuple[str, float, float] | None = None
     # the training set with the best out-of-fold walk, before the noise test that may export "both"
     best_walk: str = ""
+    # with round walks: the thresholded winner's walk less the same set's without the n-gram
+    # lookahead (mean, standard error over reports); None without
+    lookahead_lead: tuple[str, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,18 @@ def _students(
     fits.update({f"student_{n}_oof": f for n, f in by_set.items() if len(by_set) > 1 or export_mse})
     fits["student_mse_oof"] = mse
     fits["student_size0_oof"] = cross_fit(size0, folds, choose, spec)
+    if rs is not None:  # what the lookahead is worth: the winner's training states without it
+        flat = replace(rs, frame=rs.frame.with_columns(pl.lit(0.0).alias(LOOKAHEAD_NAME)))
+        blind = [
+            _set_inputs(winner, _without_lookahead(p.z, depth, s), p.margin, folds, flat, flat.z(depth, s))
+            for p, s in zip(per_fold, fold_signals, strict=True)
+        ]
+        blind_spec = scaled_epochs(spec, len(blind[0].rows(folds).folds), len(folds))
+        fits["student_no_lookahead_oof"] = cross_fit(blind, folds, choose, blind_spec)
+        walks["no_lookahead"] = _round_walk_by_report(
+            fits["student_no_lookahead_oof"], flat, depth, fold_signals
+        )
+    lookahead_lead = (winner, *_paired_lead(walks[winner], walks["no_lookahead"])) if walks else None
     pair_signals = _pair_signals(params)
     if pair_signals:
         lopo = [FoldInputs(z_of(s), tg.oracle) for s in pair_signals]
@@ -302,7 +317,7 @@ def _students(
     signals = read_signals(params)
     if export_mse:
         final = fit_student(z_of(signals), tg.final, np.ones(len(folds), dtype=bool), mse_spec)
-        return Students(fits, final, 0.0, "canonical", by_set, "mse", walks, mse_lead, best)
+        return Students(fits, final, 0.0, "canonical", by_set, "mse", walks, mse_lead, best, lookahead_lead)
     final_in = _set_inputs(
         winner, z_of(signals), tg.final, folds, rs, None if rs is None else rs.z(depth, signals)
     )
@@ -313,7 +328,14 @@ def _students(
     # is that procedure's choice. Re-choosing on the pooled OOF scores would mix k models' scales
     # (on synthetic data the largest near-best t there was 3x the folds' own).
     threshold = float(np.median(by_set[winner].thresholds))
-    return Students(fits, final, threshold, winner, by_set, loss, walks, mse_lead, best)
+    return Students(fits, final, threshold, winner, by_set, loss, walks, mse_lead, best, lookahead_lead)
+
+
+def _without_lookahead(z: np.ndarray, depth: int, signals: tuple[str, ...]) -> np.ndarray:
+    """z (columns: state_feature_names(depth, signals)) with the n-gram lookahead set to 0."""
+    out = np.array(z, dtype=np.float64)
+    out[:, state_feature_names(depth, signals).index(LOOKAHEAD_NAME)] = 0.0
+    return out
 
 
 def _walked(decisions: np.ndarray, replay: Replay, depth: int) -> float:
@@ -546,43 +568,41 @@ def walks_by_report(
     """Per report, the exported student's decision-priced round walk out of fold (its gate and
     backoff; :func:`oof_walk_states`) beside All-Small's, All-Mid's and the report's best fixed
     schedule's (chosen in hindsight among all 2^D on the report's own starts), each % of the round
-    oracle: what "the student beats every fixed schedule" means in the walk."""
+    oracle, and the student's gaps to the better endpoint and to the best fixed schedule in %: what
+    "the student beats every fixed schedule" means in the walk."""
     student = backoff_walk_pct_by_report(
         rs.outcomes, states, depth, gate.below, skip_rounds, idle_margin, gate.max_target_ms
     )
-    reports = student["report_id"].to_list()
-    names = schedule_strings(depth)
-    fixed = []
-    for sid in range(len(names)):
-        per = fixed_schedule_pct_by_report(rs.outcomes, depth, sid)
-        if per["report_id"].to_list() != reports:
-            raise ValueError("round walks: a fixed schedule's walk reaches other reports than the student's")
-        fixed.append(per["pct"].to_numpy())
-    table = np.stack(fixed, axis=1)
-    mid = names.index("1" * depth)
-    rows = []
-    for i, (report, pct) in enumerate(zip(reports, student["pct"].to_list(), strict=True)):
-        best = int(np.argmax(table[i]))
-        rows.append(
-            {
-                "report_id": report,
-                "student": pct,
-                "all_small": float(table[i, 0]),
-                "all_mid": float(table[i, mid]),
-                "best_fixed": float(table[i, best]),
-                "best_schedule": names[best],
-            }
+    fixed = fixed_schedules_pct_by_report(rs.outcomes, depth)
+    if fixed["report_id"].unique().sort().to_list() != student["report_id"].to_list():
+        raise ValueError("round walks: the fixed schedules' walks reach other reports than the student's")
+    small, mid = "0" * depth, "1" * depth
+    ends = fixed.group_by("report_id").agg(
+        all_small=pl.col("pct").filter(pl.col("schedule") == small).first(),
+        all_mid=pl.col("pct").filter(pl.col("schedule") == mid).first(),
+        best_fixed=pl.col("pct").max(),
+        best_schedule=pl.col("schedule").sort_by("pct", descending=True).first(),
+    )
+    rows = (
+        student.rename({"pct": "student"})
+        .join(ends, on="report_id", how="left")
+        .with_columns(
+            vs_better_endpoint_pct=100 * (pl.col("student") / pl.max_horizontal("all_small", "all_mid") - 1),
+            vs_best_fixed_pct=100 * (pl.col("student") / pl.col("best_fixed") - 1),
         )
-    return rows
+        .sort("report_id")
+    )
+    return rows.to_dicts()
 
 
 def _vs_fixed(rows: list[dict]) -> dict:
-    """The student's walk against the better endpoint and the best fixed schedule, per report in %:
-    mean, worst and how many reports are within 1% (the issue's offline test)."""
+    """The student's walk against the better endpoint and the best fixed schedule, per report in %
+    (:func:`walks_by_report`'s gaps): mean, worst and how many reports are within 1% (the issue's
+    offline test)."""
     if not rows:
         return {}
-    end = np.array([100 * (r["student"] / max(r["all_small"], r["all_mid"]) - 1) for r in rows])
-    best = np.array([100 * (r["student"] / r["best_fixed"] - 1) for r in rows])
+    end = np.array([r["vs_better_endpoint_pct"] for r in rows])
+    best = np.array([r["vs_best_fixed_pct"] for r in rows])
     return {
         "reports": len(rows),
         "vs_better_endpoint_mean_pct": float(end.mean()),
@@ -741,6 +761,9 @@ def _train_set_metrics(
         out["best_lead_over_both_pct"], out["best_lead_over_both_se"] = lead, se
         if st.mse_lead is not None:
             out["mse_lead_vs"], out["mse_lead_pct"], out["mse_lead_se"] = st.mse_lead
+        if st.lookahead_lead is not None:
+            out["lookahead_lead_vs"], out["lookahead_lead_pct"], out["lookahead_lead_se"] = st.lookahead_lead
+            out["no_lookahead_oof_pct_of_best"] = summ["student_no_lookahead_oof"]["mean_pct_of_best"]
     return out
 
 
@@ -823,6 +846,13 @@ def _train_set_lines(ts: dict) -> list[str]:
             if "mse_lead_pct" in ts
             else ""
         )
+        + (
+            f"; with the n-gram lookahead the {ts['lookahead_lead_vs']} student's round walk leads the same "
+            f"set's without it by "
+            f"{ts['lookahead_lead_pct']:+.2f} points, one standard error {ts['lookahead_lead_se']:.2f}"
+            if "lookahead_lead_pct" in ts
+            else ""
+        )
         + "):",
         "",
         "| training states | % of best (walked, canonical states) "
@@ -836,6 +866,11 @@ def _train_set_lines(ts: dict) -> list[str]:
         lines.append(f"| {n} | {pct:.1f}% | {walk} | {100 * ts['oof_invoke_share'][n]:.1f}% | {thr} |")
     if "mse" in walks:
         lines.append(f"| MSE + threshold 0, canonical (loss auto's other) | | {walks['mse']:.1f}% | | |")
+    if "no_lookahead" in walks:
+        lines.append(
+            f"| {ts['lookahead_lead_vs']} without the n-gram lookahead (set to 0) | "
+            f"{ts['no_lookahead_oof_pct_of_best']:.1f}% | {walks['no_lookahead']:.1f}% | | |"
+        )
     if "all_small" in walks:
         lines.append(f"| All-Small (reference) | | {walks['all_small']:.1f}% | 0.0% | |")
     return lines
@@ -916,11 +951,10 @@ def _by_report_lines(metrics: dict) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        end = 100 * (r["student"] / max(r["all_small"], r["all_mid"]) - 1)
-        best = 100 * (r["student"] / r["best_fixed"] - 1)
         lines.append(
             f"| {r['report_id']} | {r['student']:.1f}% | {r['all_small']:.1f}% | {r['all_mid']:.1f}% | "
-            f"{r['best_fixed']:.1f}% ({r['best_schedule']}) | {end:+.1f}% | {best:+.1f}% |"
+            f"{r['best_fixed']:.1f}% ({r['best_schedule']}) | {r['vs_better_endpoint_pct']:+.1f}% | "
+            f"{r['vs_best_fixed_pct']:+.1f}% |"
         )
     return lines
 

@@ -124,7 +124,7 @@ def synthetic_tables(
                         **dict(
                             zip(
                                 history_names(depth),
-                                history_features(k, depth, bits[: k - 1], mid_lag),
+                                history_features(k, depth, bits[: k - 1], mid_lag, 0.0),
                                 strict=True,
                             )
                         ),

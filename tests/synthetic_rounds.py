@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from decoder.policies import schedule_bits
-from decoder.state import SIGNAL_NAMES
+from decoder.state import RECORDED_NAMES
 from features.collect_schemas import rounds_spec
 from features.tables import to_table
 
@@ -47,9 +47,9 @@ def synthetic_rounds(
                     for k in range(1, depth + 1):
                         key = (k, text[: k - 1])
                         src = owner.setdefault(key, sid)
-                        noise.setdefault(key, 0.05 * rng.normal(size=len(SIGNAL_NAMES)))
+                        noise.setdefault(key, 0.05 * rng.normal(size=len(RECORDED_NAMES)))
                         base = by[report, src, k]
-                        signals += [base[n] + e for n, e in zip(SIGNAL_NAMES, noise[key], strict=True)]
+                        signals += [base[n] + e for n, e in zip(RECORDED_NAMES, noise[key], strict=True)]
                     traj = trajs[report, sid]
                     accepted = max(0, round(traj["mean_accepted_length"] + 0.7 * rng.normal()))
                     ms = traj["round_latency_ms"] * (1 + 0.05 * rng.normal())

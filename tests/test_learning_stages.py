@@ -232,6 +232,12 @@ def test_distill_exports_the_training_states_that_won_out_of_fold(run_all):
     assert all(0 < v <= 100 for v in ts["round_walk_pct_of_oracle"].values())
     table = (Path(params.distill.out_dir) / "offline.md").read_text()
     assert f"exported: **{ts['winner']}**" in table and "| rounds |" in table
+    # the lookahead's worth: the thresholded winner's set refitted with the lookahead set to 0
+    blind = ts["lookahead_lead_vs"]
+    assert blind == (ts["mse_lead_vs"] if mse_wins else ts["winner"])
+    assert ts["lookahead_lead_pct"] == pytest.approx(walks[blind] - walks["no_lookahead"])
+    assert ts["no_lookahead_oof_pct_of_best"] == offline["student_no_lookahead_oof"]["mean_pct_of_best"]
+    assert f"| {blind} without the n-gram lookahead (set to 0) |" in table
 
 
 def test_distill_exports_the_gate_whose_decision_priced_walk_is_best(run_all):
@@ -299,6 +305,10 @@ def test_distill_puts_the_student_beside_every_fixed_schedule_per_report(run_all
             assert r["best_fixed"] == r["all_small"]
     vs = metrics["round_walk_vs_fixed"]
     gaps = [100 * (r["student"] / r["best_fixed"] - 1) for r in rows]
+    assert [r["vs_best_fixed_pct"] for r in rows] == pytest.approx(gaps)
+    ends = [100 * (r["student"] / max(r["all_small"], r["all_mid"]) - 1) for r in rows]
+    assert [r["vs_better_endpoint_pct"] for r in rows] == pytest.approx(ends)
+    assert vs["vs_better_endpoint_mean_pct"] == pytest.approx(np.mean(ends))
     assert vs["reports"] == len(rows) and vs["within_1pct_of_best_fixed"] == sum(g >= -1 for g in gaps)
     assert vs["vs_best_fixed_worst_pct"] == pytest.approx(min(gaps))
     assert vs["within_1pct_of_better_endpoint"] >= vs["within_1pct_of_best_fixed"]

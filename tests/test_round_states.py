@@ -12,7 +12,7 @@ import pyarrow.compute
 import pytest
 
 from decoder.policies import schedule_bits
-from decoder.state import SIGNAL_NAMES
+from decoder.state import RECORDED_NAMES
 from features.collect_schemas import rounds_spec
 from features.round_states import report_context, round_outcomes, round_states, round_walk_pct
 from features.tables import to_table
@@ -32,7 +32,7 @@ def _bits(sid: int) -> str:
 def _signals(prefix: str, start: int) -> list[float]:
     """Distinct per (start, step, prefix): what the tree looked like before that step."""
     return [
-        100 * start + 10 * len(prefix) + int(prefix or "0", 2) + j / 100 for j in range(len(SIGNAL_NAMES))
+        100 * start + 10 * len(prefix) + int(prefix or "0", 2) + j / 100 for j in range(len(RECORDED_NAMES))
     ]
 
 
@@ -91,7 +91,8 @@ def test_one_state_per_start_step_and_prefix_with_the_rounds_own_values():
         )
     }
     for (start, k, prefix), r in row.items():
-        assert [r[n] for n in SIGNAL_NAMES] == pytest.approx(_signals(prefix, start), rel=1e-6)
+        # the candidate signals and the lookahead (a history feature) are the round's own
+        assert [r[n] for n in RECORDED_NAMES] == pytest.approx(_signals(prefix, start), rel=1e-6)
         assert r["log_prompt_tokens"] == math.log1p(20) and r["target_ms"] == 12.0 and r["fold_id"] == 2
         assert r["step_frac"] == k / D and r["called_step_1"] == float(prefix == "1")
         lag = 7 if start == 24 else 19

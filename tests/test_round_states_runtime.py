@@ -25,7 +25,7 @@ from decoder.models import make_pair
 from decoder.outcome import first_round_start
 from decoder.policies import schedule_bits
 from decoder.scheduler import build_manifest, load_scheduler, write_artifact
-from decoder.state import CONTEXT_NAMES, history_names, state_feature_names
+from decoder.state import CONTEXT_NAMES, LOOKAHEAD_NAME, history_names, state_feature_names
 from features.round_states import feature_matrix, report_context, round_states
 from models.cross_fit import StudentSpec, fit_student
 from models.mlp import mlp_arrays
@@ -92,6 +92,7 @@ def test_runtime_vectors_equal_the_round_states(collected, tmp_path):
     sched = load_scheduler(tmp_path / "student", DEPTH, config.tree.width)
     names = state_feature_names(DEPTH, SIGNALS)
     lag_col = names.index("log_mid_lag")
+    look_col = names.index(LOOKAHEAD_NAME)
     n_context = len(CONTEXT_NAMES) + len(history_names(DEPTH))
     table = {
         (p, s, k, prefix): row
@@ -104,7 +105,7 @@ def test_runtime_vectors_equal_the_round_states(collected, tmp_path):
             strict=True,
         )
     }
-    compared, with_mid, later_starts = 0, 0, 0
+    compared, with_mid, later_starts, looked = 0, 0, 0, 0
     for p_id, prompt in enumerate(prompts):
         seen: list[tuple[int, tuple[bool, ...], np.ndarray]] = []
         features = sched.features
@@ -129,8 +130,12 @@ def test_runtime_vectors_equal_the_round_states(collected, tmp_path):
                 compared += 1
                 later_starts += start != first_round_start(prompt)
                 # context (prompt length, timings) and history bits: exactly the same numbers
-                same = [j for j in range(n_context) if j != lag_col]
+                same = [j for j in range(n_context) if j not in (lag_col, look_col)]
                 assert z[same].tolist() == want[same].tolist(), (p_id, start, step, prefix)
+                # the n-gram lookahead: the same match lengths over the same frontier, stored as
+                # float32 with the round's signals
+                assert np.float32(z[look_col]) == want[look_col], (p_id, start, step, prefix)
+                looked += z[look_col] > 0
                 # The lag: online it is this student's own (its mid cache lags by what it skipped);
                 # the table holds one per start, the median over the fixed schedules arriving there
                 # (they arrive with different lags). They agree by construction at the prompt's
@@ -151,6 +156,7 @@ def test_runtime_vectors_equal_the_round_states(collected, tmp_path):
                     assert got == pytest.approx(ref, rel=2e-7, abs=1e-7), (p_id, start, step, prefix)
             start += rnd.emitted
     assert compared >= 3 * DEPTH and with_mid > 0 and later_starts > 0, (compared, with_mid, later_starts)
+    assert 0 < looked < compared, (looked, compared)  # the lookahead varies: matches and none
 
 
 def test_round_table_prices_a_round_as_execute_mode_pays_it_at_that_lag(collected):

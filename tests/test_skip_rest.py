@@ -28,7 +28,7 @@ from decoder.generate import generate
 from decoder.models import make_pair
 from decoder.policies import RuntimeContext, StepContext, schedule_bits
 from decoder.scheduler import load_scheduler
-from features.round_states import fixed_schedule_pct, priced_walk_pct
+from features.round_states import fixed_schedule_pct, fixed_schedules_pct_by_report, priced_walk_pct
 from pipeline import distill
 
 RUNTIME = RuntimeContext(prompt_tokens=20, target_ms=2.0, mid_ms=1.0)
@@ -212,6 +212,44 @@ def test_priced_walk_matches_a_walk_written_out_step_by_step() -> None:
         small = fixed_schedule_pct(out, 3, 0)
         stopped = priced_walk_pct(out, never, 3, 0.0)
         assert stopped < small  # the one decision costs something, All-Small pays none
+
+
+def test_every_fixed_schedule_in_one_group_by_matches_sums_written_out() -> None:
+    """The 2^D fixed schedules priced in one pass: per report, the oracle's ms per token summed
+    over the starts / the schedule's, both without decisions, for every schedule; the mean over
+    reports is fixed_schedule_pct; a start lacking a schedule is refused."""
+    rng, depth = random.Random(11), 3
+    for _ in range(4):
+        out, _ = _tables(rng, depth)
+        every = fixed_schedules_pct_by_report(out, depth)
+        assert every.height == 2 * 2**depth
+        res = {
+            (r["report_id"], r["prompt_id"], r["start_position"], r["schedule_id"]): r for r in out.to_dicts()
+        }
+
+        def per_token(key, res=res) -> float:
+            o = res[key]
+            return (o["round_latency_ms"] - depth * o["decision_ms"] - o["decision_cold_ms"]) / (
+                o["accepted"] + 1
+            )
+
+        starts = sorted({k[:3] for k in res})
+        for sid in range(2**depth):
+            by_report = {}
+            for report in ("r1", "r2"):
+                mine = [s for s in starts if s[0] == report]
+                oracle = sum(min(per_token((*s, i)) for i in range(2**depth)) for s in mine)
+                by_report[report] = 100 * oracle / sum(per_token((*s, sid)) for s in mine)
+            rows = every.filter(pl.col("schedule_id") == sid).to_dicts()
+            assert [r["report_id"] for r in rows] == ["r1", "r2"]
+            assert {r["schedule"] for r in rows} == {
+                "".join("1" if b else "0" for b in schedule_bits(sid, depth))
+            }
+            assert [r["pct"] for r in rows] == pytest.approx([by_report["r1"], by_report["r2"]])
+            assert fixed_schedule_pct(out, depth, sid) == pytest.approx(np.mean(list(by_report.values())))
+        assert every.group_by("report_id").agg(pl.col("pct").max())["pct"].max() <= 100 + 1e-9
+    with pytest.raises(ValueError, match="lacks some"):
+        fixed_schedules_pct_by_report(out.filter(pl.col("schedule_id") != 3), depth)
 
 
 def _fake_walks(monkeypatch, by_gate: dict) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
+from decoder.ngram import NgramDrafter
 from decoder.policies import BuildState, RuntimeContext
-from decoder.state import SIGNAL_NAMES, context_features, history_features, tree_signals
+from decoder.state import SIGNAL_NAMES, context_features, history_features, step_signals, tree_signals
 from decoder.tree import DraftTree
 
 
@@ -42,11 +44,59 @@ def test_signals_before_the_first_step():
 
 
 def test_history_and_context_features():
-    assert history_features(1, 5, (), 0) == (0.2, 0.0, 0, 0, 0, 0, 0)
+    assert history_features(1, 5, (), 0, 0.0) == (0.2, 0.0, 0, 0, 0, 0, 0)
     # no call yet this round: the lag at the round's start is what a call now catches up
-    assert history_features(3, 5, (False, False), 99) == pytest.approx((0.6, 0.0, 0, 0, 0, 0, math.log(100)))
+    assert history_features(3, 5, (False, False), 99, 0.4) == pytest.approx(
+        (0.6, 0.4, 0, 0, 0, 0, math.log(100))
+    )
     # a call at step 1 caught the mid drafter up: no lag afterwards, whatever it was
-    assert history_features(4, 5, (True, False, True), 99) == (0.8, 0.4, 1, 0, 1, 0, 0)
-    assert len(history_features(5, 5, (True,) * 4, 7)) == 7  # 17 inputs with 6 signals and context
+    assert history_features(4, 5, (True, False, True), 99, 0.0) == (0.8, 0.0, 1, 0, 1, 0, 0)
+    assert len(history_features(5, 5, (True,) * 4, 7, 1.0)) == 7  # 17 inputs with 6 signals and context
     ctx = context_features(RuntimeContext(prompt_tokens=99, target_ms=20.0, mid_ms=5.0))
     assert ctx == pytest.approx((math.log(100), 20.0, 5.0, math.log(4)))
+
+
+def _drafter(text: list[int], min_n: int = 1) -> NgramDrafter:
+    ngram = NgramDrafter(max_n=4, max_matches=4, chain_len=3, min_n=min_n)
+    ngram.commit(text)
+    ngram.cache.set_rows(0, [[0]] * len(text), [[-1.0]] * len(text))  # edge scores for propose
+    return ngram
+
+
+def test_the_lookahead_is_the_match_a_small_step_would_draft_from():
+    """Before step 1 (a bare root) the candidate signals are the same at every round start; the
+    lookahead is n / max_n of the longest n-gram match of the committed tail, 0 where a small step
+    drafts nothing, and it averages over the frontier's paths later in the round."""
+    text = [5, 6, 7, 8, 9, 5, 6, 7]  # the tail 5 6 7 occurred before, followed by 8
+    ngram = _drafter(text)
+    root = BuildState(DraftTree(text[-1]), ngram=ngram, tail=tuple(text[-4:]))
+    sig = step_signals(root, width=4)
+    assert sig[: len(SIGNAL_NAMES)] == tree_signals(BuildState(DraftTree(7)), width=4)
+    assert sig[-1] == pytest.approx(3 / 4)  # 5 6 7 matched (9 5 6 7 never occurred)
+    fresh = [1, 2, 3, 4]  # nothing repeats: the drafter proposes nothing, the lookahead is 0
+    bare = BuildState(DraftTree(4), ngram=_drafter(fresh), tail=tuple(fresh))
+    assert _drafter(fresh).propose(fresh, 4) == [] and step_signals(bare, width=4)[-1] == 0.0
+    assert step_signals(BuildState(DraftTree(7)), width=4)[-1] == 0.0  # no drafter: 0
+    # one-token matches dropped (min_n = 2): the tail's last token 7 alone no longer counts
+    single = [3, 7, 4, 9, 7]
+    assert step_signals(BuildState(DraftTree(7), ngram=_drafter(single), tail=(4, 9, 7)), 4)[-1] == 1 / 4
+    strict = BuildState(DraftTree(7), ngram=_drafter(single, min_n=2), tail=(4, 9, 7))
+    assert step_signals(strict, 4)[-1] == 0.0
+    # later in the round: the mean over the frontier's paths, each matched with the tail
+    tree = DraftTree(text[-1])
+    a, _ = tree.add_child(0, 8, -0.1)  # 5 6 7 8 occurred: n = 4
+    b, _ = tree.add_child(0, 1, -0.2)  # 7 1 never occurred, 1 never did: n = 0
+    grown = BuildState(tree, newest=[a, b], ngram=ngram, tail=tuple(text[-4:]))
+    assert step_signals(grown, width=4)[-1] == pytest.approx((4 + 0) / (2 * 4))
+    assert step_signals(grown, width=1)[-1] == pytest.approx(4 / 4)  # the frontier is a alone
+
+
+def test_the_lookahead_is_positive_exactly_where_a_small_step_drafts():
+    rng = random.Random(3)
+    for _ in range(200):
+        text = [rng.randrange(6) for _ in range(rng.randrange(2, 30))]
+        min_n = rng.choice((1, 2))
+        ngram = _drafter(text, min_n)
+        state = BuildState(DraftTree(text[-1]), ngram=ngram, tail=tuple(text[-4:]))
+        drafts = ngram.propose(text[-4:], 4)
+        assert (step_signals(state, width=2)[-1] > 0) == bool(drafts)
