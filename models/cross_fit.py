@@ -6,14 +6,16 @@ and the value-system margins that were chosen/fitted without fold f). The scored
 states are the canonical ones; the training rows are those states or, with ``FoldInputs.train``,
 other rows with their own fold ids (round-level states, or both sets stacked). With
 ``nested_threshold``, fold f's threshold comes from inner out-of-fold scores on its training part
-(each other fold g scored by a model trained without f and g) through ``choose(scores, train)``
-(e.g. models.offline.choose_threshold_walked on the training reports); otherwise the threshold is
-0 (the paper's rule). Nothing of fold f is used for its scores or its threshold.
+(each other fold g scored by a model trained without f and g) through ``choose(scores, train,
+models)`` (e.g. models.offline.choose_threshold_walked on the training reports; ``models``, the
+inner models by g, let a rule score other rows of fold g, as pipeline.distill's round-walk rule
+does); otherwise the threshold is 0 (the paper's rule). Nothing of fold f is used for its scores
+or its threshold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -94,7 +96,9 @@ class CrossFit:
     models: tuple[FittedStudent, ...] = ()  # outer fits by fold (to score other rows of fold f)
 
 
-Chooser = Callable[[np.ndarray, np.ndarray], float]  # (inner scores, training-state mask) -> t
+# (inner scores on the scored states, training-state mask, the inner models by fold g: each trained
+# without the outer fold and g, to score other rows of fold g) -> t
+Chooser = Callable[[np.ndarray, np.ndarray, Mapping[int, FittedStudent]], float]
 
 
 def _fit_without(inputs: FoldInputs, folds: np.ndarray, held: np.ndarray, spec: StudentSpec) -> FittedStudent:
@@ -108,10 +112,12 @@ def _inner_threshold(
 ) -> float:
     train = folds != f
     inner = np.full(len(folds), np.nan)
+    models = {}
     for g in np.unique(folds[train]):
         held = folds == g
-        inner[held] = _fit_without(inputs, folds, np.array([f, g]), spec).score(inputs.z[held])
-    return choose(inner, train)
+        models[int(g)] = _fit_without(inputs, folds, np.array([f, g]), spec)
+        inner[held] = models[int(g)].score(inputs.z[held])
+    return choose(inner, train, models)
 
 
 def cross_fit(

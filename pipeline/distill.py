@@ -5,8 +5,10 @@ Targets: ``distill.margin_source`` value (the paper: value-system margins) or or
 per-state scale, so signs are kept and fast and slow reports weigh alike). Objective
 ``distill.loss`` (models/student.py) and a decision threshold chosen inside each outer fold's
 training part (models/cross_fit.py; "when unsure, skip": t >= 0) by ``distill.threshold_rule``:
-walked (models.offline.choose_threshold_walked: the walked % of best on the training reports) or
-state (the mean per-state regret, the earlier rule). Out of fold, the student for held-out fold f
+rounds (:func:`round_chooser`: the round walk over the training reports' round-table starts, the
+walk that also chooses the training states; walked for the leave-one-pair-out student), walked
+(models.offline.choose_threshold_walked: the walked % of best on the training reports' canonical
+states) or state (the mean per-state regret, the earliest rule). Out of fold, the student for held-out fold f
 uses the signal subset chosen without fold f and margins from the value model that did not see
 fold f either, so nothing of fold f leaks.
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -56,6 +59,7 @@ from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.datasets import column, state_matrix
 from features.folds import fold_rows
 from features.round_states import (
+    START,
     backoff_walk_pct,
     backoff_walk_pct_by_report,
     feature_matrix,
@@ -234,16 +238,68 @@ def _set_inputs(
     )
 
 
+THRESHOLD_RULES = ("rounds", "walked", "state")
+
+
 def _chooser(params: Params, states: pa.Table, replay: Replay, regret: np.ndarray) -> Chooser:
+    """The canonical-state threshold rules (walked, state); the rounds rule's fallback where a fit
+    has no round states to walk (the leave-one-pair-out student) is walked."""
     cfg, depth = params.distill, params.tree.depth
     reports = column(states, "report_id")
+    if cfg.threshold_rule not in THRESHOLD_RULES:
+        raise ValueError(
+            f"distill.threshold_rule must be one of {THRESHOLD_RULES}, got {cfg.threshold_rule!r}"
+        )
     if cfg.threshold_rule == "state":
-        return lambda scores, train: choose_threshold(scores[train], regret[train], cfg.skip_tolerance_pct)
-    if cfg.threshold_rule != "walked":
-        raise ValueError(f"distill.threshold_rule must be 'walked' or 'state', got {cfg.threshold_rule!r}")
-    return lambda scores, train: choose_threshold_walked(
+        return lambda scores, train, models: choose_threshold(
+            scores[train], regret[train], cfg.skip_tolerance_pct
+        )
+    return lambda scores, train, models: choose_threshold_walked(
         scores, replay, sorted(set(reports[train])), depth, cfg.skip_tolerance_pct
     )
+
+
+ROUND_THRESHOLD_QUANTILES = tuple(np.linspace(0.05, 0.95, 19))
+
+
+def round_chooser(
+    rs: RoundSet, round_z: Sequence[np.ndarray], folds: np.ndarray, depth: int, tolerance_pct: float
+) -> Chooser:
+    """The rounds threshold rule: for outer fold f, each training fold g's round states scored by
+    the inner model trained without f and g (``round_z[f]``: the round states' inputs of fold f's
+    models), then the threshold t >= 0 whose round walk (features.round_states.round_walk_pct,
+    the walk that chooses the training states) over the training reports' round-table starts is
+    best; among candidates within ``tolerance_pct`` points of the best, the largest (when unsure,
+    skip). Candidates: 0 and the 5%, 10%, ..., 95% quantiles of the positive scores. Nothing of
+    fold f is read. ``folds``: the outer fold of each scored (canonical) state."""
+
+    def choose(scores: np.ndarray, train: np.ndarray, models: Mapping[int, FittedStudent]) -> float:
+        outer = np.unique(folds[~train])
+        if len(outer) != 1:
+            raise ValueError(f"round threshold: the held-out states span folds {outer.tolist()}")
+        z = round_z[int(outer[0])]
+        own = np.isin(rs.folds, list(models))
+        if np.isin(rs.folds[~own], outer, invert=True).any():
+            raise ValueError("round threshold: a training fold's round states have no inner model")
+        round_scores = np.full(len(rs.folds), np.nan)
+        for g, model in models.items():
+            held = rs.folds == g
+            round_scores[held] = model.score(z[held])
+        frame = rs.frame.filter(pl.Series(own)).select(*START, "step", "prefix")
+        mine = round_scores[own]
+        positive = mine[mine > 0]
+        candidates = np.unique(
+            np.concatenate([[0.0], np.quantile(positive, ROUND_THRESHOLD_QUANTILES) if len(positive) else []])
+        )
+        pct = np.array(
+            [
+                round_walk_pct(frame.with_columns(is_invoke=pl.Series(mine > t)), rs.outcomes, depth)
+                for t in candidates
+            ]
+        )
+        return float(candidates[pct >= pct.max() - tolerance_pct].max())
+
+    return choose
 
 
 def _students(
@@ -254,13 +310,27 @@ def _students(
         raise ValueError(f"distill.loss must be one of {LOSS_CHOICES}, got {cfg.loss!r}")
     loss = "weighted_logistic" if cfg.loss == "auto" else cfg.loss
     spec = StudentSpec(loss, cfg.hidden, cfg.train, cfg.skip_tolerance_pct, nested_threshold=True)
-    choose = _chooser(params, states, replay, regret)
+    walked_rule = _chooser(params, states, replay, regret)
+    by_rounds = cfg.threshold_rule == "rounds"
+    if by_rounds and rs is None:
+        raise ValueError("distill.threshold_rule rounds walks round states: train_set canonical loads none")
 
     def z_of(signals: tuple[str, ...]) -> np.ndarray:
         return state_matrix(states, state_feature_names(depth, signals))
 
     folds = fold_rows(states, "report")
     fold_signals = read_fold_signals(params, "report")
+
+    def choose(round_z: Sequence[np.ndarray]) -> Chooser:
+        """The rule for a fit whose fold-f models read ``round_z[f]`` on the round states."""
+        if not by_rounds:
+            return walked_rule
+        assert rs is not None
+        return round_chooser(rs, round_z, folds, depth, cfg.skip_tolerance_pct)
+
+    def round_inputs(r: RoundSet | None, signals: Sequence[tuple[str, ...]]) -> list[np.ndarray]:
+        return [] if r is None else [r.z(depth, s) for s in signals]
+
     per_fold = [FoldInputs(z_of(s), tg.by_fold[:, f]) for f, s in enumerate(fold_signals)]
     size0 = [FoldInputs(z_of(()), tg.by_fold[:, f]) for f in range(len(per_fold))]
     by_set = {}
@@ -270,7 +340,7 @@ def _students(
             for p, s in zip(per_fold, fold_signals, strict=True)
         ]
         set_spec = scaled_epochs(spec, len(inputs[0].rows(folds).folds), len(folds))
-        by_set[name] = cross_fit(inputs, folds, choose, set_spec)
+        by_set[name] = cross_fit(inputs, folds, choose(round_inputs(rs, fold_signals)), set_spec)
 
     mse_spec = replace(spec, loss="mse", nested_threshold=False)
     mse = cross_fit(per_fold, folds, None, mse_spec)
@@ -297,7 +367,7 @@ def _students(
     fits = {"student_oof": mse if export_mse else by_set[winner]}
     fits.update({f"student_{n}_oof": f for n, f in by_set.items() if len(by_set) > 1 or export_mse})
     fits["student_mse_oof"] = mse
-    fits["student_size0_oof"] = cross_fit(size0, folds, choose, spec)
+    fits["student_size0_oof"] = cross_fit(size0, folds, choose(round_inputs(rs, [()] * len(size0))), spec)
     if rs is not None:  # what the lookahead is worth: the winner's training states without it
         flat = replace(rs, frame=rs.frame.with_columns(pl.lit(0.0).alias(LOOKAHEAD_NAME)))
         blind = [
@@ -305,7 +375,9 @@ def _students(
             for p, s in zip(per_fold, fold_signals, strict=True)
         ]
         blind_spec = scaled_epochs(spec, len(blind[0].rows(folds).folds), len(folds))
-        fits["student_no_lookahead_oof"] = cross_fit(blind, folds, choose, blind_spec)
+        fits["student_no_lookahead_oof"] = cross_fit(
+            blind, folds, choose(round_inputs(flat, fold_signals)), blind_spec
+        )
         walks["no_lookahead"] = _round_walk_by_report(
             fits["student_no_lookahead_oof"], flat, depth, fold_signals
         )
@@ -313,7 +385,7 @@ def _students(
     pair_signals = _pair_signals(params)
     if pair_signals:
         lopo = [FoldInputs(z_of(s), tg.oracle) for s in pair_signals]
-        fits["student_lopo"] = cross_fit(lopo, fold_rows(states, "pair"), choose, spec)
+        fits["student_lopo"] = cross_fit(lopo, fold_rows(states, "pair"), walked_rule, spec)
     signals = read_signals(params)
     if export_mse:
         final = fit_student(z_of(signals), tg.final, np.ones(len(folds), dtype=bool), mse_spec)

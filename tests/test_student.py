@@ -77,7 +77,7 @@ def test_threshold_is_non_negative_and_prefers_skipping_when_unsure():
 
 
 def _chooser(regret):
-    return lambda scores, train: choose_threshold(scores[train], regret[train], 0.0)
+    return lambda scores, train, models: choose_threshold(scores[train], regret[train], 0.0)
 
 
 def test_cross_fit_never_uses_the_held_out_fold():
