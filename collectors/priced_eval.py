@@ -233,17 +233,21 @@ def priced_cell(
 ENDPOINTS = ("all-small", "all-mid")
 
 
-def pair_check(cells: Sequence[PricedCell], learned: str = "student") -> dict:
-    """Which method a pair deploys: the learned policy where, over the pair's calibration cells
-    pooled (sum of AR ms over sum of the method's ms, every prompt of every cell), it prices
-    strictly faster than the better of All-Small and All-Mid; that endpoint otherwise (when unsure,
-    skip: a tie goes to the fixed schedule, which pays for no decisions).
+def pair_check(cells: Sequence[PricedCell], learned: Sequence[str] = ("student",)) -> dict:
+    """Which method a pair deploys: the fastest of the ``learned`` policies (the first listed among
+    equals) where, over the pair's calibration cells pooled (sum of AR ms over sum of the method's
+    ms, every prompt of every cell), it prices strictly faster than the better of All-Small and
+    All-Mid; that endpoint otherwise (when unsure, skip: a tie goes to the fixed schedule, which pays
+    for no decisions).
 
     Returns {"deploys": method, "prompts": n, "speedup": {method: pooled speedup}}."""
     if not cells:
         raise ValueError("pair_check: no calibration cells")
+    if not learned:
+        raise ValueError("pair_check: no learned policy to check")
     ar = sum(float(c.ar_ms.sum()) for c in cells)
-    speedup = {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in (*ENDPOINTS, learned)}
+    speedup = {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in (*ENDPOINTS, *learned)}
     better = max(ENDPOINTS, key=lambda m: (speedup[m], m == ENDPOINTS[0]))
-    deploys = learned if speedup[learned] > speedup[better] else better
+    best = max(learned, key=lambda m: (speedup[m], -learned.index(m)))
+    deploys = best if speedup[best] > speedup[better] else better
     return {"deploys": deploys, "prompts": sum(len(c.tokens) for c in cells), "speedup": speedup}

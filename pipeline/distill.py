@@ -333,14 +333,15 @@ def _students(
 
     per_fold = [FoldInputs(z_of(s), tg.by_fold[:, f]) for f, s in enumerate(fold_signals)]
     size0 = [FoldInputs(z_of(()), tg.by_fold[:, f]) for f in range(len(per_fold))]
+    round_z = round_inputs(rs, fold_signals)  # fold f's round-state inputs, for training and the rule
     by_set = {}
     for name in _train_sets(cfg.train_set):
         inputs = [
-            _set_inputs(name, p.z, p.margin, folds, rs, None if rs is None else rs.z(depth, s))
-            for p, s in zip(per_fold, fold_signals, strict=True)
+            _set_inputs(name, p.z, p.margin, folds, rs, round_z[f] if round_z else None)
+            for f, p in enumerate(per_fold)
         ]
         set_spec = scaled_epochs(spec, len(inputs[0].rows(folds).folds), len(folds))
-        by_set[name] = cross_fit(inputs, folds, choose(round_inputs(rs, fold_signals)), set_spec)
+        by_set[name] = cross_fit(inputs, folds, choose(round_z), set_spec)
 
     mse_spec = replace(spec, loss="mse", nested_threshold=False)
     mse = cross_fit(per_fold, folds, None, mse_spec)
@@ -370,14 +371,13 @@ def _students(
     fits["student_size0_oof"] = cross_fit(size0, folds, choose(round_inputs(rs, [()] * len(size0))), spec)
     if rs is not None:  # what the lookahead is worth: the winner's training states without it
         flat = replace(rs, frame=rs.frame.with_columns(pl.lit(0.0).alias(LOOKAHEAD_NAME)))
+        flat_z = round_inputs(flat, fold_signals)
         blind = [
-            _set_inputs(winner, _without_lookahead(p.z, depth, s), p.margin, folds, flat, flat.z(depth, s))
-            for p, s in zip(per_fold, fold_signals, strict=True)
+            _set_inputs(winner, _without_lookahead(p.z, depth, s), p.margin, folds, flat, zr)
+            for p, s, zr in zip(per_fold, fold_signals, flat_z, strict=True)
         ]
         blind_spec = scaled_epochs(spec, len(blind[0].rows(folds).folds), len(folds))
-        fits["student_no_lookahead_oof"] = cross_fit(
-            blind, folds, choose(round_inputs(flat, fold_signals)), blind_spec
-        )
+        fits["student_no_lookahead_oof"] = cross_fit(blind, folds, choose(flat_z), blind_spec)
         walks["no_lookahead"] = _round_walk_by_report(
             fits["student_no_lookahead_oof"], flat, depth, fold_signals
         )

@@ -4,6 +4,9 @@ Per (pair, dataset) cell, the primary metric is the priced speedup over autoregr
 All-Small, All-Mid, 10101, the best fixed schedule in hindsight, the value planner and the exported
 student, every one replayed exactly on ``evaluate.prompts_per_cell`` prompts and priced with the
 pair's latency profile (collectors/priced_eval.py), with a bootstrap 95% interval over prompts.
+Before them, a pair check on calibration prompts chooses what each pair deploys (the ``deployed``
+row): the student at the threshold, of the exported one plus THRESHOLD_OFFSETS, that prices fastest
+there, where it beats the better of All-Small and All-Mid, that endpoint otherwise.
 This part runs in ``evaluate.workers`` processes, cells sharing a target computing its work once
 (collectors/priced_tasks.py). As the check, afterwards and with no worker alive, the first
 ``wall_prompts_per_cell`` prompts are also decoded for real by ``wall_methods`` and autoregressive
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,10 +44,11 @@ from collectors.plan import load_registered_pair, tree_config
 from collectors.priced_eval import ENDPOINTS, bootstrap_speedup, pair_check
 from collectors.priced_tasks import calibration_range, cell_inputs, decode_config, priced_cells
 from config.params import Params, resolve
+from decoder.artifact import Artifact, read_artifact
 from decoder.config import Grafting, TreeConfig
 from decoder.measure import Method
 from decoder.policies import AR
-from decoder.scheduler import load_scheduler, load_value_planner
+from decoder.scheduler import LearnedScheduler, check_features, load_scheduler, load_value_planner
 from pipeline.cli import apply_runtime, run_stage
 from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json
 
@@ -59,17 +64,46 @@ def learned_policies(params: Params) -> dict[str, object]:
     }
 
 
+# The thresholds the pair check tries: the exported student's plus each offset, in its margin units
+# (a logit of P(invoking pays)). Out of fold one threshold serves every report; a pair's own
+# calibration prompts may prefer another (in one run, before this rule: zoo-chat-m +6.5% over
+# All-Mid at offset 0, +19.9% at -0.5; the held-out pair zoo-lw +8.4% and +11.5% at +1).
+THRESHOLD_OFFSETS = (-1.0, -0.5, 0.0, 0.5, 1.0)
+
+
+def variant_name(offset: float) -> str:
+    """The student at its exported threshold is ``student``; shifted by o, ``student+o`` (2 decimals)."""
+    return "student" if offset == 0 else f"student{offset:+.2f}"
+
+
+def threshold_variants(
+    path: Path, depth: int, width: int, offsets: Sequence[float]
+) -> dict[str, LearnedScheduler]:
+    """The exported student (validated as decoder.scheduler.load_scheduler does) at its threshold plus
+    each offset, by :func:`variant_name`. Its gate and backoff margins are relative to the threshold,
+    so they move with it."""
+    load_scheduler(path, depth, width)
+    art = read_artifact(path, "student")
+    signals = check_features(art.manifest, depth, width)
+    base = float(art.manifest["threshold"])
+
+    def shifted(o: float) -> Artifact:
+        return replace(art, manifest={**art.manifest, "threshold": base + o})
+
+    return {variant_name(o): LearnedScheduler(shifted(o), signals) for o in offsets}
+
+
 FIXED_METHODS = {"all-small": "00000", "all-mid": "11111", "10101": "10101"}
-DEPLOYED = "deployed"  # per pair, the student or the better endpoint, by the pair check
+DEPLOYED = "deployed"  # per pair, the student at its threshold or the better endpoint, by the pair check
 
 
-def pair_checks(params: Params, student) -> dict[str, dict]:
-    """Per evaluated pair, what it deploys (collectors.priced_eval.pair_check): the student against
-    All-Small and All-Mid, replayed and priced on the pair's calibration prompts, the
-    collect.prompts_per_report questions right after the collect slice, of every fitting dataset
-    (collectors.priced_tasks.calibration_range): no training state came from them, and they end
-    before the held-back prompts. Only the two endpoints' schedules are replayed (no best fixed
-    schedule in hindsight is needed here)."""
+def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dict[str, dict]:
+    """Per evaluated pair, what it deploys (collectors.priced_eval.pair_check): the student at each
+    of its thresholds (``students``, by name) against All-Small and All-Mid, replayed and priced on
+    the pair's calibration prompts, the collect.prompts_per_report questions right after the collect
+    slice, of every fitting dataset (collectors.priced_tasks.calibration_range): no training state
+    came from them, and they end before the held-back prompts. Only the two endpoints' schedules are
+    replayed (no best fixed schedule in hindsight is needed here)."""
     cfg = params.evaluate
     datasets = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
     cells = [(p, d) for p in cfg.pairs for d in datasets]
@@ -78,15 +112,24 @@ def pair_checks(params: Params, student) -> dict[str, dict]:
     )
     endpoints = {m: FIXED_METHODS[m] for m in ENDPOINTS}
     with tqdm(total=len(cells) * prompts[1], desc="evaluate (pair check)", unit="prompt") as bar:
-        priced = priced_cells(
-            params, cells, {"student": student}, endpoints, bar.update, prompts, hindsight=False
-        )
+        priced = priced_cells(params, cells, students, endpoints, bar.update, prompts, hindsight=False)
     out = {}
     for pair_id in cfg.pairs:
-        out[pair_id] = pair_check([priced[(pair_id, d)] for d in datasets])
+        out[pair_id] = pair_check([priced[(pair_id, d)] for d in datasets], tuple(students))
         log.info("%s: the pair check deploys %s (%s)", pair_id, out[pair_id]["deploys"],
                  ", ".join(f"{m} {v:.3f}x" for m, v in out[pair_id]["speedup"].items()))  # fmt: skip
     return out
+
+
+def deployed_variants(checks: Mapping[str, dict], students: Mapping[str, LearnedScheduler]) -> dict:
+    """{pair id: {"deployed": policy}} for the pairs whose check deploys the student at a shifted
+    threshold: those are replayed (and decoded) under the name ``deployed``; every other pair's
+    deployed row is a copy of the row of the method it deploys."""
+    return {
+        pair_id: {DEPLOYED: students[c["deploys"]]}
+        for pair_id, c in checks.items()
+        if c["deploys"] in students and c["deploys"] != "student"
+    }
 
 
 def _priced_rows(cell, n_boot: int) -> dict[str, dict]:
@@ -142,14 +185,24 @@ def _wall_rows(params: Params, pair, questions, prompts, methods, config, runtim
 
 
 def _evaluate_cells(
-    params: Params, cells: list[tuple[str, str]], out: Path, policies: dict, checks: dict[str, dict]
+    params: Params,
+    cells: list[tuple[str, str]],
+    out: Path,
+    policies: dict,
+    checks: dict[str, dict],
+    students: Mapping[str, LearnedScheduler],
 ) -> list[dict]:
     """Every cell's priced rows (in ``evaluate.workers`` processes), then, with no worker alive, the
-    wall-clock rows cell by cell in this process. Each cell also gets a ``deployed`` row: the row of
-    the method its pair's check deploys (``checks``), renamed, with ``deployed_as``."""
+    wall-clock rows cell by cell in this process. Each cell also gets a ``deployed`` row with
+    ``deployed_as``: the method its pair's check deploys (``checks``), replayed and decoded itself
+    where it is the student at a shifted threshold (one of ``students``), else a copy of that
+    method's row, renamed."""
     cfg = params.evaluate
+    shifted = deployed_variants(checks, students)
     with tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (priced replay)", unit="prompt") as bar:
-        priced_by_cell = priced_cells(params, cells, policies, FIXED_METHODS, bar.update)
+        priced_by_cell = priced_cells(
+            params, cells, policies, FIXED_METHODS, bar.update, pair_policies=shifted
+        )
     rows, warm_pair = [], None
     for pair_id, dataset in tqdm(cells, desc="evaluate (wall clock)", unit="cell"):
         pair = load_registered_pair(params, pair_id)
@@ -165,6 +218,7 @@ def _evaluate_cells(
         n_wall = cfg.wall_prompts_per_cell
         named = {**FIXED_METHODS, "best-fixed": priced.best_fixed}
         wall_methods = [Method(m, policies[m] if m in policies else named[m]) for m in cfg.wall_methods]
+        wall_methods += [Method(n, p) for n, p in shifted.get(pair_id, {}).items()]
         wall, answers = _wall_rows(
             params, pair, questions[:n_wall], prompts[:n_wall], wall_methods, config, runtime[:n_wall],
             profile, warmup,
@@ -181,7 +235,8 @@ def _evaluate_cells(
                 "wall_n_prompts": n_wall,
             }  # fmt: skip
         deploys = checks[pair_id]["deploys"]
-        by_method[DEPLOYED] = {**by_method[deploys], "method": DEPLOYED, "deployed_as": deploys}
+        by_method[DEPLOYED] = {**by_method[DEPLOYED if pair_id in shifted else deploys],
+                               "method": DEPLOYED, "deployed_as": deploys}  # fmt: skip
         for row in by_method.values():
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
                        is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
@@ -235,9 +290,13 @@ def main(params: Params) -> dict:
     depth = params.tree.depth
     with stage_run("evaluate", params):
         policies = learned_policies(params)
-        checks = pair_checks(params, policies["student"])
+        tree = tree_config(params.tree)
+        students = threshold_variants(
+            resolve(params.export.out_dir) / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
+        )
+        checks = pair_checks(params, students)
         cells = [(p, d) for p in cfg.pairs for d in cfg.datasets]
-        rows = _evaluate_cells(params, cells, out, policies, checks)
+        rows = _evaluate_cells(params, cells, out, policies, checks, students)
         ablations = _ablation_cells(
             params, [(p, d) for p in cfg.ablation.pairs for d in cfg.ablation.datasets]
         )

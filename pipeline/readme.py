@@ -163,16 +163,27 @@ def student_table(cells: list[dict], main: list[dict]) -> str:
 
 
 def pair_check_line(metrics: dict) -> str:
-    """What each pair deploys, with the pooled priced speedups on its calibration prompts."""
+    """What each pair deploys, with the pooled priced speedups on its calibration prompts (the
+    student's at each threshold the check tried, named by their offsets)."""
+
+    def speedups(c: dict) -> str:
+        ends = [f"{m} {v:.2f}x" for m, v in c["speedup"].items() if not m.startswith("student")]
+        student = [
+            f"{m.removeprefix('student') or '0'}: {v:.2f}x"
+            for m, v in c["speedup"].items()
+            if m.startswith("student")
+        ]
+        return ", ".join(ends) + ("; student at threshold offset " + ", ".join(student) if student else "")
+
     parts = [
-        f"{pair_id} {c['deploys']} (" + ", ".join(f"{m} {v:.2f}x" for m, v in c["speedup"].items()) + ")"
-        for pair_id, c in metrics.get("pair_check", {}).items()
+        f"{pair_id} {c['deploys']} ({speedups(c)})" for pair_id, c in metrics.get("pair_check", {}).items()
     ]
     return (
-        "Pair check (the `deployed` column): per pair, the student where it prices strictly faster "
-        "than the better of All-Small and All-Mid on the pair's calibration prompts (the questions "
-        "right after the collect slice, of the fitting datasets: neither trained on nor held back), "
-        "that endpoint otherwise; pooled calibration speedups: " + "; ".join(parts) + "."
+        "Pair check (the `deployed` column): per pair, the student at the threshold (the exported one "
+        "plus an offset) that prices fastest on the pair's calibration prompts (the questions right "
+        "after the collect slice, of the fitting datasets: neither trained on nor held back) where it "
+        "prices strictly faster than the better of All-Small and All-Mid there, that endpoint "
+        "otherwise; pooled calibration speedups: " + "; ".join(parts) + "."
     )
 
 
