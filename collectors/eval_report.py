@@ -8,8 +8,9 @@ the methods decoded for real (null otherwise), with ``wall_ci_low``/``wall_ci_hi
 measured against the better of the two fixed endpoints (All-Small, All-Mid) on the same cell, as in
 the paper, and against the best fixed schedule in hindsight; so is the ``deployed`` row's (per pair,
 the student at the pair's threshold or the better endpoint, whichever the pair check on calibration
-prompts chose, named in ``deployed_as``: a copy of that method's row, or the shifted student's own). Rows become one polars frame (a later row
-of the same cell and method replaces an earlier one); grouping and means are polars expressions.
+prompts chose, named in ``deployed_as``: a copy of that method's row, or the shifted student's own).
+Rows become one polars frame (a later row of the same cell and method replaces an earlier one);
+grouping and means are polars expressions.
 """
 
 from __future__ import annotations

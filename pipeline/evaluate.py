@@ -72,8 +72,9 @@ THRESHOLD_OFFSETS = (-1.0, -0.5, 0.0, 0.5, 1.0)
 
 
 def variant_name(offset: float) -> str:
-    """The student at its exported threshold is ``student``; shifted by o, ``student+o`` (2 decimals)."""
-    return "student" if offset == 0 else f"student{offset:+.2f}"
+    """The student at its exported threshold is ``student``; shifted by o, ``student:o`` (2 decimals,
+    a sign only when negative: the name is part of MLflow metric keys, which may not hold a '+')."""
+    return "student" if offset == 0 else f"student:{offset:.2f}"
 
 
 def threshold_variants(

@@ -169,7 +169,7 @@ def pair_check_line(metrics: dict) -> str:
     def speedups(c: dict) -> str:
         ends = [f"{m} {v:.2f}x" for m, v in c["speedup"].items() if not m.startswith("student")]
         student = [
-            f"{m.removeprefix('student') or '0'}: {v:.2f}x"
+            f"{m.removeprefix('student:') if m != 'student' else '0'}: {v:.2f}x"
             for m, v in c["speedup"].items()
             if m.startswith("student")
         ]

@@ -4,6 +4,8 @@ deploys the fastest shifted student only where it beats the better endpoint."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from test_priced_eval import _cell_of
@@ -12,7 +14,7 @@ from collectors.priced_eval import pair_check
 from decoder.scheduler import ManifestError, build_manifest, write_artifact
 from decoder.state import state_feature_names
 from models.student import HEAD
-from pipeline.evaluate import deployed_variants, threshold_variants, variant_name
+from pipeline.evaluate import THRESHOLD_OFFSETS, deployed_variants, threshold_variants, variant_name
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
            "preview_overlap_ratio", "preview_mean_score")  # fmt: skip
@@ -37,14 +39,14 @@ def hand_student(path, threshold: float, gate: float):
 def test_a_shifted_student_invokes_exactly_above_its_shifted_threshold(tmp_path):
     path = hand_student(tmp_path / "s", threshold=0.75, gate=1.5)  # invoke iff z0 > 6
     students = threshold_variants(path, 5, 10, (-1.5, 0.0, 1.5))
-    assert list(students) == ["student-1.50", "student", "student+1.50"]
+    assert list(students) == ["student:-1.50", "student", "student:1.50"]
     z0 = np.array([3.9, 4.1, 5.9, 6.1, 7.9, 8.1])
     z = np.zeros((len(z0), 17))
     z[:, 0] = z0
     got = {n: [s.decide(r) for r in z] for n, s in students.items()}
-    assert got["student-1.50"] == [False, True, True, True, True, True]  # z0 > 4
+    assert got["student:-1.50"] == [False, True, True, True, True, True]  # z0 > 4
     assert got["student"] == [False, False, False, True, True, True]  # z0 > 6
-    assert got["student+1.50"] == [False, False, False, False, False, True]  # z0 > 8
+    assert got["student:1.50"] == [False, False, False, False, False, True]  # z0 > 8
     # the gate stays g below each one's own threshold
     assert [s.skip_rest_below for s in students.values()] == pytest.approx([-2.25, -0.75, 0.75])
     # the margins themselves do not move
@@ -55,27 +57,30 @@ def test_shifted_students_are_validated_like_the_exported_one(tmp_path):
     path = hand_student(tmp_path / "s", threshold=0.0, gate=1.0)
     with pytest.raises(ManifestError, match="the decoder runs D = 6"):
         threshold_variants(path, 6, 10, (0.0,))
-    assert variant_name(0.0) == "student" and variant_name(-0.5) == "student-0.50"
+    assert variant_name(0.0) == "student" and variant_name(-0.5) == "student:-0.50"
+    # names go into MLflow metric keys: alphanumerics, '_', '-', '.', ' ', ':' and '/' only
+    for o in (*THRESHOLD_OFFSETS, -1.25, 2.0):
+        assert re.fullmatch(r"[\w\-. :/]+", f"pair_check.zoo-l.speedup.{variant_name(o)}"), o
 
 
 def test_the_pair_check_deploys_the_fastest_threshold_only_where_it_beats_the_better_endpoint():
     ends = {"all-small": [100.0, 100.0], "all-mid": [80.0, 80.0]}  # All-Mid the better endpoint
-    cell = _cell_of([200.0, 200.0], student=[85.0, 85.0], **{"student-0.50": [70.0, 75.0]}, **ends)
-    check = pair_check([cell], ("student-0.50", "student"))
-    assert check["deploys"] == "student-0.50"
-    assert check["speedup"]["student-0.50"] == pytest.approx(400.0 / 145.0)
+    cell = _cell_of([200.0, 200.0], student=[85.0, 85.0], **{"student:-0.50": [70.0, 75.0]}, **ends)
+    check = pair_check([cell], ("student:-0.50", "student"))
+    assert check["deploys"] == "student:-0.50"
+    assert check["speedup"]["student:-0.50"] == pytest.approx(400.0 / 145.0)
     # the exported threshold alone loses to All-Mid: the endpoint
     assert pair_check([cell], ("student",))["deploys"] == "all-mid"
     # two thresholds tie: the first listed
-    tie = _cell_of([200.0], student=[70.0], **{"student+0.50": [70.0]}, **{k: v[:1] for k, v in ends.items()})
-    assert pair_check([tie], ("student+0.50", "student"))["deploys"] == "student+0.50"
-    assert pair_check([tie], ("student", "student+0.50"))["deploys"] == "student"
+    tie = _cell_of([200.0], student=[70.0], **{"student:0.50": [70.0]}, **{k: v[:1] for k, v in ends.items()})
+    assert pair_check([tie], ("student:0.50", "student"))["deploys"] == "student:0.50"
+    assert pair_check([tie], ("student", "student:0.50"))["deploys"] == "student"
     with pytest.raises(ValueError, match="no learned policy"):
         pair_check([cell], ())
 
 
 def test_only_pairs_deploying_a_shifted_threshold_are_replayed_again(tmp_path):
     students = threshold_variants(hand_student(tmp_path / "s", 0.0, 1.0), 5, 10, (-0.5, 0.0, 0.5))
-    checks = {"a": {"deploys": "student-0.50"}, "b": {"deploys": "student"}, "c": {"deploys": "all-small"}}
+    checks = {"a": {"deploys": "student:-0.50"}, "b": {"deploys": "student"}, "c": {"deploys": "all-small"}}
     shifted = deployed_variants(checks, students)
-    assert list(shifted) == ["a"] and shifted["a"]["deployed"] is students["student-0.50"]
+    assert list(shifted) == ["a"] and shifted["a"]["deployed"] is students["student:-0.50"]
