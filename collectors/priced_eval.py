@@ -233,6 +233,13 @@ def priced_cell(
 ENDPOINTS = ("all-small", "all-mid")
 
 
+def pooled_speedups(cells: Sequence[PricedCell], methods: Sequence[str]) -> dict[str, float]:
+    """Per method, the speedup over AR pooled over the cells: every prompt's AR ms summed over the
+    method's ms summed (so a long prompt weighs as much as its time)."""
+    ar = sum(float(c.ar_ms.sum()) for c in cells)
+    return {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in methods}
+
+
 def pair_check(cells: Sequence[PricedCell], learned: Sequence[str] = ("student",)) -> dict:
     """Which method a pair deploys: the fastest of the ``learned`` policies (the first listed among
     equals) where, over the pair's calibration cells pooled (sum of AR ms over sum of the method's
@@ -245,8 +252,7 @@ def pair_check(cells: Sequence[PricedCell], learned: Sequence[str] = ("student",
         raise ValueError("pair_check: no calibration cells")
     if not learned:
         raise ValueError("pair_check: no learned policy to check")
-    ar = sum(float(c.ar_ms.sum()) for c in cells)
-    speedup = {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in (*ENDPOINTS, *learned)}
+    speedup = pooled_speedups(cells, (*ENDPOINTS, *learned))
     better = max(ENDPOINTS, key=lambda m: (speedup[m], m == ENDPOINTS[0]))
     best = max(learned, key=lambda m: (speedup[m], -learned.index(m)))
     deploys = best if speedup[best] > speedup[better] else better

@@ -70,19 +70,16 @@ def priced_group(
     fixed: Mapping[str, str],
     prompts_range: PromptRange = None,
     hindsight: bool = True,
-    pair_policies: Mapping[str, Mapping[str, Callable]] | None = None,
 ) -> list[PricedCell]:
     """The priced cells of pairs sharing one target on one dataset, with one TargetMemo
-    (``hindsight``: as in collectors.priced_eval.priced_cell; ``pair_policies``: as in
-    :func:`priced_cells`)."""
+    (``hindsight``: as in collectors.priced_eval.priced_cell)."""
     start, n = (None, params.evaluate.prompts_per_cell) if prompts_range is None else prompts_range
     memo, out = TargetMemo(), []
     for pair_id, dataset in cells:
         pair = load_registered_pair(params, pair_id)
         _, prompts, profile, runtime = cell_inputs(params, pair_id, dataset, pair, n, start)
         config = decode_config(params, pair_id)
-        own = {**policies, **(pair_policies or {}).get(pair_id, {})}
-        args = (pair, prompts, config, profile, runtime, own, dict(fixed))
+        args = (pair, prompts, config, profile, runtime, dict(policies), dict(fixed))
         out.append(priced_cell(*args, memo=memo, hindsight=hindsight))
     return out
 
@@ -131,16 +128,14 @@ def priced_cells(
     progress: Callable[[int], object] | None = None,
     prompts_range: PromptRange = None,
     hindsight: bool = True,
-    pair_policies: Mapping[str, Mapping[str, Callable]] | None = None,
 ) -> dict[Cell, PricedCell]:
     """Every cell's PricedCell, computed in ``evaluate.workers`` processes (the costliest groups
     first), in the order of ``cells``; ``progress(n_prompts)`` as each group finishes.
     ``prompts_range``: (first question, count) of every cell, by default the held-back prompts;
-    ``hindsight``: replay all 2^D schedules for the best fixed one (else only ``fixed``'s);
-    ``pair_policies``: per pair id, more policies replayed on that pair's cells only."""
+    ``hindsight``: replay all 2^D schedules for the best fixed one (else only ``fixed``'s)."""
     groups = target_groups(params, cells)
     groups = [groups[i] for i in longest_first(params, groups)]
-    args = (policies, fixed, prompts_range, hindsight, pair_policies)
+    args = (policies, fixed, prompts_range, hindsight)
     tasks = [Task("+".join(f"{p}/{d}" for p, d in g), (params, g, *args)) for g in groups]
 
     def done(task: Task, result: list[PricedCell]) -> None:

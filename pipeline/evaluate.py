@@ -41,7 +41,7 @@ from collectors.eval_report import (
 )
 from collectors.evaluation import evaluate_cell
 from collectors.plan import load_registered_pair, tree_config
-from collectors.priced_eval import ENDPOINTS, bootstrap_speedup, pair_check
+from collectors.priced_eval import ENDPOINTS, PricedCell, bootstrap_speedup, pair_check, pooled_speedups
 from collectors.priced_tasks import calibration_range, cell_inputs, decode_config, priced_cells
 from config.params import Params, resolve
 from decoder.artifact import Artifact, read_artifact
@@ -124,8 +124,8 @@ def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dic
 
 def deployed_variants(checks: Mapping[str, dict], students: Mapping[str, LearnedScheduler]) -> dict:
     """{pair id: {"deployed": policy}} for the pairs whose check deploys the student at a shifted
-    threshold: those are replayed (and decoded) under the name ``deployed``; every other pair's
-    deployed row is a copy of the row of the method it deploys."""
+    threshold: those are decoded for real under the name ``deployed``; every other pair's deployed
+    row is a copy of the row of the method it deploys."""
     return {
         pair_id: {DEPLOYED: students[c["deploys"]]}
         for pair_id, c in checks.items()
@@ -192,18 +192,20 @@ def _evaluate_cells(
     policies: dict,
     checks: dict[str, dict],
     students: Mapping[str, LearnedScheduler],
-) -> list[dict]:
+) -> tuple[list[dict], dict[tuple[str, str], PricedCell]]:
     """Every cell's priced rows (in ``evaluate.workers`` processes), then, with no worker alive, the
     wall-clock rows cell by cell in this process. Each cell also gets a ``deployed`` row with
-    ``deployed_as``: the method its pair's check deploys (``checks``), replayed and decoded itself
-    where it is the student at a shifted threshold (one of ``students``), else a copy of that
-    method's row, renamed."""
+    ``deployed_as``: the method its pair's check deploys (``checks``); where that is the student at
+    a shifted threshold (one of ``students``) it is decoded for real under that name, its priced
+    figures those of its replay, else it is a copy of that method's row, renamed. Every one of
+    ``students`` is replayed on every cell (the held-back check of the pair check's choice, from the
+    returned priced cells); only the rows of ``policies``, the fixed methods and ``deployed`` are
+    returned."""
     cfg = params.evaluate
     shifted = deployed_variants(checks, students)
+    extra = {n: p for n, p in students.items() if n not in policies}
     with tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (priced replay)", unit="prompt") as bar:
-        priced_by_cell = priced_cells(
-            params, cells, policies, FIXED_METHODS, bar.update, pair_policies=shifted
-        )
+        priced_by_cell = priced_cells(params, cells, {**policies, **extra}, FIXED_METHODS, bar.update)
     rows, warm_pair = [], None
     for pair_id, dataset in tqdm(cells, desc="evaluate (wall clock)", unit="cell"):
         pair = load_registered_pair(params, pair_id)
@@ -224,8 +226,9 @@ def _evaluate_cells(
             params, pair, questions[:n_wall], prompts[:n_wall], wall_methods, config, runtime[:n_wall],
             profile, warmup,
         )  # fmt: skip
+        deploys = checks[pair_id]["deploys"]
         for name, w in wall.items():
-            keep = by_method.get(name, {})
+            keep = by_method.get(deploys if name == DEPLOYED else name, {})
             by_method[name] = {
                 **w,
                 **{k: keep[k] for k in ("schedule", "n_prompts", "n_tokens", "priced_tokens_per_s",
@@ -235,9 +238,10 @@ def _evaluate_cells(
                 "wall_priced_speedup": w["priced_speedup"],  # the same counts priced, wall prompts only
                 "wall_n_prompts": n_wall,
             }  # fmt: skip
-        deploys = checks[pair_id]["deploys"]
         by_method[DEPLOYED] = {**by_method[DEPLOYED if pair_id in shifted else deploys],
                                "method": DEPLOYED, "deployed_as": deploys}  # fmt: skip
+        for name in extra:
+            del by_method[name]
         for row in by_method.values():
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
                        is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
@@ -246,7 +250,26 @@ def _evaluate_cells(
             path = out / "specbench" / method / f"{pair_id}__{dataset}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(a) + "\n" for a in records))
-    return rows
+    return rows, priced_by_cell
+
+
+def threshold_transfer(
+    priced_by_cell: Mapping[tuple[str, str], PricedCell], checks: Mapping[str, dict], fitting: Sequence[str]
+) -> dict[str, dict]:
+    """The pair check's choice seen on the held-back prompts: per pair, the endpoints and the student
+    at every threshold the check tried, pooled over the pair's cells of the ``fitting`` datasets
+    (collectors.priced_eval.pooled_speedups), with what the check chose on the calibration prompts
+    (``chosen``) and the fastest threshold here (``held_back_best``; the first tried among equals)."""
+    out = {}
+    for pair_id, check in checks.items():
+        speedup = pooled_speedups([priced_by_cell[(pair_id, d)] for d in fitting], tuple(check["speedup"]))
+        learned = [m for m in speedup if m not in ENDPOINTS]
+        out[pair_id] = {
+            "chosen": check["deploys"],
+            "held_back_best": max(learned, key=lambda m: (speedup[m], -learned.index(m))),
+            "speedup": speedup,
+        }
+    return out
 
 
 def ablation_methods(params: Params, tree: TreeConfig) -> list[Method]:
@@ -297,11 +320,13 @@ def main(params: Params) -> dict:
         )
         checks = pair_checks(params, students)
         cells = [(p, d) for p in cfg.pairs for d in cfg.datasets]
-        rows = _evaluate_cells(params, cells, out, policies, checks, students)
+        rows, priced_by_cell = _evaluate_cells(params, cells, out, policies, checks, students)
+        fitting = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
+        transfer = threshold_transfer(priced_by_cell, checks, fitting)
         ablations = _ablation_cells(
             params, [(p, d) for p in cfg.ablation.pairs for d in cfg.ablation.datasets]
         )
-        metrics = {**summary_metrics(rows), "pair_check": checks}
+        metrics = {**summary_metrics(rows), "pair_check": checks, "threshold_transfer": transfer}
         table, wall, abl = main_table(rows), wall_table(rows), ablation_table(ablations)
         write_json(out / "results.json", {"main": rows, "ablations": ablations, "pair_check": checks})
         write_json(out / "metrics.json", metrics)

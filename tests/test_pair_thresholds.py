@@ -14,7 +14,13 @@ from collectors.priced_eval import pair_check
 from decoder.scheduler import ManifestError, build_manifest, write_artifact
 from decoder.state import state_feature_names
 from models.student import HEAD
-from pipeline.evaluate import THRESHOLD_OFFSETS, deployed_variants, threshold_variants, variant_name
+from pipeline.evaluate import (
+    THRESHOLD_OFFSETS,
+    deployed_variants,
+    threshold_transfer,
+    threshold_variants,
+    variant_name,
+)
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
            "preview_overlap_ratio", "preview_mean_score")  # fmt: skip
@@ -79,8 +85,31 @@ def test_the_pair_check_deploys_the_fastest_threshold_only_where_it_beats_the_be
         pair_check([cell], ())
 
 
-def test_only_pairs_deploying_a_shifted_threshold_are_replayed_again(tmp_path):
+def test_only_pairs_deploying_a_shifted_threshold_decode_it_as_deployed(tmp_path):
     students = threshold_variants(hand_student(tmp_path / "s", 0.0, 1.0), 5, 10, (-0.5, 0.0, 0.5))
     checks = {"a": {"deploys": "student:-0.50"}, "b": {"deploys": "student"}, "c": {"deploys": "all-small"}}
     shifted = deployed_variants(checks, students)
     assert list(shifted) == ["a"] and shifted["a"]["deployed"] is students["student:-0.50"]
+
+
+def test_the_held_back_check_pools_the_fitting_cells_only():
+    """Pooled over a and b the shifted threshold is fastest (400/150 vs 400/160); the held-out task
+    c, where the exported one wins by far, would flip it if it were counted."""
+    ends = {"all-small": [100.0], "all-mid": [100.0]}
+    cells = {
+        ("p", "a"): _cell_of([100.0], student=[40.0], **{"student:-0.50": [60.0]}, **ends),
+        ("p", "b"): _cell_of([300.0], student=[120.0], **{"student:-0.50": [90.0]}, **ends),
+        ("p", "c"): _cell_of([900.0], student=[100.0], **{"student:-0.50": [900.0]}, **ends),
+    }
+    checks = {
+        "p": {
+            "deploys": "student",
+            "speedup": dict.fromkeys(("all-small", "all-mid", "student", "student:-0.50"), 1.0),
+        }
+    }
+    got = threshold_transfer(cells, checks, ["a", "b"])["p"]
+    assert got["chosen"] == "student" and got["held_back_best"] == "student:-0.50"
+    assert got["speedup"]["student"] == pytest.approx(400.0 / 160.0)
+    assert got["speedup"]["student:-0.50"] == pytest.approx(400.0 / 150.0)
+    assert got["speedup"]["all-small"] == pytest.approx(2.0)  # endpoints shown, never the best threshold
+    assert threshold_transfer(cells, checks, ["a", "b", "c"])["p"]["held_back_best"] == "student"

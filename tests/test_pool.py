@@ -202,22 +202,3 @@ def _trackers(pid: int) -> set[int]:
 def test_a_worker_that_dies_fails_the_run_instead_of_hanging() -> None:
     with pytest.raises(TaskError, match="worker process died"):
         run_tasks(os._exit, [Task("a", (3,)), Task("b", (3,))], 2, 1)
-
-
-def test_a_pair_policy_is_replayed_on_its_own_pairs_cells_only(workspace) -> None:
-    params = eval_params(workspace, 1)
-    even = FixedSchedule((False, True, False, True, False))
-    got = priced_cells(
-        params, CELLS, POLICIES, FIXED_METHODS, hindsight=False, pair_policies={"tiny-w": {"even": even}}
-    )
-    shared = priced_cells(params, CELLS, {**POLICIES, "even": even}, FIXED_METHODS, hindsight=False)
-    for cell in CELLS:
-        mine = cell[0] == "tiny-w"
-        assert ("even" in got[cell].methods) == mine, cell
-        if mine:
-            np.testing.assert_array_equal(got[cell].methods["even"].ms, shared[cell].methods["even"].ms)
-            assert (
-                got[cell].methods["even"].mid_calls_per_step
-                == shared[cell].methods["even"].mid_calls_per_step
-            )
-        np.testing.assert_array_equal(got[cell].methods["odd-steps"].ms, shared[cell].methods["odd-steps"].ms)
