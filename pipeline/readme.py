@@ -165,6 +165,12 @@ def student_table(cells: list[dict], main: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _offset_or_name(method: str) -> str:
+    """A student threshold by its offset (``student`` is 0, ``student:-0.50`` is -0.50); any other
+    method by its name."""
+    return "0" if method == "student" else method.removeprefix("student:")
+
+
 def pair_check_line(metrics: dict) -> str:
     """What each pair deploys, with the pooled priced speedups on its calibration prompts (the
     student's at each threshold the check tried, named by their offsets)."""
@@ -172,9 +178,7 @@ def pair_check_line(metrics: dict) -> str:
     def speedups(c: dict) -> str:
         ends = [f"{m} {v:.2f}x" for m, v in c["speedup"].items() if not m.startswith("student")]
         student = [
-            f"{m.removeprefix('student:') if m != 'student' else '0'}: {v:.2f}x"
-            for m, v in c["speedup"].items()
-            if m.startswith("student")
+            f"{_offset_or_name(m)}: {v:.2f}x" for m, v in c["speedup"].items() if m.startswith("student")
         ]
         return ", ".join(ends) + ("; student at threshold offset " + ", ".join(student) if student else "")
 
@@ -196,15 +200,14 @@ def transfer_line(metrics: dict) -> str:
     if not transfer:
         return ""
 
-    def named(m: str) -> str:
-        return "0" if m == "student" else m.removeprefix("student:")
-
     parts = []
     for pair_id, t in transfer.items():
-        shown = ", ".join(f"{named(m)}: {v:.2f}x" for m, v in t["speedup"].items() if m.startswith("student"))
+        shown = ", ".join(
+            f"{_offset_or_name(m)}: {v:.2f}x" for m, v in t["speedup"].items() if m.startswith("student")
+        )
         parts.append(
-            f"{pair_id} chose {named(t['chosen']) if t['chosen'].startswith('student') else t['chosen']}, "
-            f"fastest here {named(t['held_back_best'])} ({shown})"
+            f"{pair_id} chose {_offset_or_name(t['chosen'])}, "
+            f"fastest here {_offset_or_name(t['held_back_best'])} ({shown})"
         )
     deploying = [t for t in transfer.values() if t["chosen"].startswith("student")]
     same = sum(t["chosen"] == t["held_back_best"] for t in deploying)

@@ -9,11 +9,10 @@ import re
 import numpy as np
 import pytest
 from test_priced_eval import _cell_of
+from test_scheduler_export import hand_student
 
 from collectors.priced_eval import pair_check
-from decoder.scheduler import ManifestError, build_manifest, write_artifact
-from decoder.state import state_feature_names
-from models.student import HEAD
+from decoder.scheduler import ManifestError
 from pipeline.evaluate import (
     THRESHOLD_OFFSETS,
     deployed_variants,
@@ -22,28 +21,9 @@ from pipeline.evaluate import (
     variant_name,
 )
 
-SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
-           "preview_overlap_ratio", "preview_mean_score")  # fmt: skip
-NAMES = state_feature_names(5, SIGNALS)
-
-
-def hand_student(path, threshold: float, gate: float):
-    """margin = 1.5 * (z0 - 1) / 2 - 3 = 0.75 z0 - 3.75: zero at z0 = 5, one unit per 4/3 of z0."""
-    w0 = np.zeros((2, 17))
-    w0[0, 0], w0[1, 0] = 1.0, -1.0
-    arrays = {f"{HEAD}.0.weight": w0, f"{HEAD}.0.bias": np.zeros(2),
-              f"{HEAD}.1.weight": np.array([[1.0, -1.0]]), f"{HEAD}.1.bias": np.zeros(1)}  # fmt: skip
-    manifest = build_manifest(
-        kind="student", depth=5, width=10, feature_names=NAMES, input_names=NAMES,
-        x_mean=[1.0] + [0.0] * 16, x_std=[2.0] + [1.0] * 16, heads={HEAD: [17, 2, 1]},
-        y_mean={HEAD: -3.0}, y_std={HEAD: 1.5}, signals=list(SIGNALS), threshold=threshold,
-        skip_rest_below=gate,
-    )  # fmt: skip
-    return write_artifact(path, manifest, arrays)
-
 
 def test_a_shifted_student_invokes_exactly_above_its_shifted_threshold(tmp_path):
-    path = hand_student(tmp_path / "s", threshold=0.75, gate=1.5)  # invoke iff z0 > 6
+    path = hand_student(tmp_path / "s", threshold=0.75, skip_rest_below=1.5)  # invoke iff z0 > 6
     students = threshold_variants(path, 5, 10, (-1.5, 0.0, 1.5))
     assert list(students) == ["student:-1.50", "student", "student:1.50"]
     z0 = np.array([3.9, 4.1, 5.9, 6.1, 7.9, 8.1])
@@ -60,7 +40,7 @@ def test_a_shifted_student_invokes_exactly_above_its_shifted_threshold(tmp_path)
 
 
 def test_shifted_students_are_validated_like_the_exported_one(tmp_path):
-    path = hand_student(tmp_path / "s", threshold=0.0, gate=1.0)
+    path = hand_student(tmp_path / "s", threshold=0.0, skip_rest_below=1.0)
     with pytest.raises(ManifestError, match="the decoder runs D = 6"):
         threshold_variants(path, 6, 10, (0.0,))
     assert variant_name(0.0) == "student" and variant_name(-0.5) == "student:-0.50"
@@ -86,7 +66,9 @@ def test_the_pair_check_deploys_the_fastest_threshold_only_where_it_beats_the_be
 
 
 def test_only_pairs_deploying_a_shifted_threshold_decode_it_as_deployed(tmp_path):
-    students = threshold_variants(hand_student(tmp_path / "s", 0.0, 1.0), 5, 10, (-0.5, 0.0, 0.5))
+    students = threshold_variants(
+        hand_student(tmp_path / "s", threshold=0.0, skip_rest_below=1.0), 5, 10, (-0.5, 0.0, 0.5)
+    )
     checks = {"a": {"deploys": "student:-0.50"}, "b": {"deploys": "student"}, "c": {"deploys": "all-small"}}
     shifted = deployed_variants(checks, students)
     assert list(shifted) == ["a"] and shifted["a"]["deployed"] is students["student:-0.50"]

@@ -83,8 +83,9 @@ def test_student_round_trip_numpy_equals_torch_and_onnx(tmp_path):
     np.testing.assert_allclose(run_onnx(tmp_path / "s.onnx", z), got, atol=1e-4)
 
 
-def test_hand_built_student_decides_where_its_formula_says(tmp_path):
-    """margin = y_std * (relu(u) - relu(-u)) + y_mean with u = (z0 - 1) / 2: invoke iff z0 > 5."""
+def hand_student(path: Path, **extra) -> Path:
+    """A student written by hand: margin = y_std * (relu(u) - relu(-u)) + y_mean with
+    u = (z0 - 1) / 2, i.e. 0.75 z0 - 3.75, zero at z0 = 5 (``extra``: more manifest fields)."""
     w0 = np.zeros((2, 17))
     w0[0, 0], w0[1, 0] = 1.0, -1.0
     arrays = {f"{HEAD}.0.weight": w0, f"{HEAD}.0.bias": np.zeros(2),
@@ -92,9 +93,14 @@ def test_hand_built_student_decides_where_its_formula_says(tmp_path):
     manifest = build_manifest(
         kind="student", depth=5, width=10, feature_names=NAMES, input_names=NAMES,
         x_mean=[1.0] + [0.0] * 16, x_std=[2.0] + [1.0] * 16, heads={HEAD: [17, 2, 1]},
-        y_mean={HEAD: -3.0}, y_std={HEAD: 1.5}, signals=list(SIGNALS),
+        y_mean={HEAD: -3.0}, y_std={HEAD: 1.5}, signals=list(SIGNALS), **extra,
     )  # fmt: skip
-    sched = load_scheduler(write_artifact(tmp_path / "hand", manifest, arrays), 5, 10)
+    return write_artifact(path, manifest, arrays)
+
+
+def test_hand_built_student_decides_where_its_formula_says(tmp_path):
+    """margin = y_std * (relu(u) - relu(-u)) + y_mean with u = (z0 - 1) / 2: invoke iff z0 > 5."""
+    sched = load_scheduler(hand_student(tmp_path / "hand"), 5, 10)
     z0 = np.array([-10.0, 0.0, 4.9, 5.1, 7.0, 100.0])
     z = np.zeros((len(z0), 17))
     z[:, 0] = z0
