@@ -4,7 +4,8 @@ Each result row is one method on one (pair, dataset) cell, with `is_held_out_pai
 `is_held_out_task`. The primary number is ``priced_speedup`` (exact replay counts x the latency
 profile, every method, with ``priced_ci_low``/``priced_ci_high``); ``speedup`` is wall clock, for
 the methods decoded for real (null otherwise), with ``wall_ci_low``/``wall_ci_high`` and
-``wall_priced_speedup`` (the same real runs' counts priced: the pricing check). The student's gain is
+``wall_priced_speedup`` (the same real runs' counts priced: the pricing check; with
+``wall_beside_priced_speedup``, priced with the pair profiled again next to those runs). The student's gain is
 measured against the better of the two fixed endpoints (All-Small, All-Mid) on the same cell, as in
 the paper, and against the best fixed schedule in hindsight; so is the ``deployed`` row's (per pair,
 the student at the pair's threshold or the better endpoint, whichever the pair check on calibration
@@ -163,31 +164,70 @@ def _cell(row: dict | None, key: str) -> str:
     return f"{row[key]:.2f}x ({row['mean_accepted_length']:.2f})" if row and row[key] is not None else "-"
 
 
+def _decoded(frame: pl.DataFrame) -> pl.DataFrame:
+    """The rows of methods decoded for real under their own name: a ``deployed`` row counts only
+    where its pair decoded it (``wall_of`` == "deployed", a shifted threshold), not as a copy."""
+    own = pl.col("method") != "deployed"
+    if "wall_of" in frame.columns:
+        own = own | (pl.col("wall_of") == pl.col("method"))
+    keep = pl.col("method").is_in(MAIN_METHODS) & own & pl.col("speedup").is_not_null()
+    order = {m: i for i, m in enumerate(MAIN_METHODS)}
+    rank = pl.col("method").replace_strict(order, default=len(MAIN_METHODS))
+    return frame.filter(keep).sort("group", *CELL, rank)
+
+
+def _ratio(r: dict, key: str) -> str:
+    return f"{r[key] / r['wall_decode_speedup']:.2f}" if r.get(key) is not None else "-"
+
+
 def wall_table(rows: list[dict]) -> str:
     """Markdown: the methods decoded for real, wall-clock speedup with its 95% interval beside the
-    same runs priced (their counts x the profile): the check that the pricing matches the clock.
-    The deployed rows copy a decoded method's row, so they are left out here."""
+    same runs priced (their counts x the profile): the check that the pricing matches the clock,
+    with the pair's stage profile (the prices the scheduler was trained with) and, where measured,
+    with the pair profiled again just before these decodes (``beside``: the cost model on the
+    machine as it ran). The deployed rows that copy a decoded method's row are left out."""
     head = (
         "| pair | dataset | method | prompts | wall clock | 95% CI | wall, decoding only "
-        "| priced, same runs | priced / wall decoding |"
+        "| priced, same runs | priced / wall decoding | re-profiled: priced / wall decoding |"
     )
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     frame = result_frame(rows)
     if "wall_priced_speedup" not in frame.columns:
         return "\n".join(lines)
-    rank = pl.col("method").replace_strict(
-        {m: i for i, m in enumerate(MAIN_METHODS)}, default=len(MAIN_METHODS)
-    )
-    decoded = pl.col("method").is_in(MAIN_METHODS) & (pl.col("method") != "deployed")
-    table = frame.filter(pl.col("speedup").is_not_null() & decoded)
-    for r in table.sort("group", *CELL, rank).iter_rows(named=True):
+    for r in _decoded(frame).iter_rows(named=True):
         lines.append(
             f"| {r['pair_id']} | {r['dataset_id']} | {r['method']} | {r['wall_n_prompts']} | "
             f"{r['speedup']:.2f}x | [{r['wall_ci_low']:.2f}, {r['wall_ci_high']:.2f}] | "
             f"{r['wall_decode_speedup']:.2f}x | {r['wall_priced_speedup']:.2f}x | "
-            f"{r['wall_priced_speedup'] / r['wall_decode_speedup']:.2f} |"
+            f"{_ratio(r, 'wall_priced_speedup')} | {_ratio(r, 'wall_beside_priced_speedup')} |"
         )
     return "\n".join(lines)
+
+
+AGREEMENT = (0.90, 1.10)  # the issue's band for priced / measured
+
+
+def pricing_agreement(rows: list[dict]) -> dict[str, dict]:
+    """Priced over wall-clock decoding speedup on the rows decoded for real, per profile: ``stage``
+    (the profile stage's, the prices of every table) and ``beside`` (the pair profiled again just
+    before its decodes; only where measured): how many rows, how many within AGREEMENT, the lowest,
+    median and highest ratio."""
+    frame = result_frame(rows)
+    out: dict[str, dict] = {}
+    for name, key in (("stage", "wall_priced_speedup"), ("beside", "wall_beside_priced_speedup")):
+        if key not in frame.columns:
+            continue
+        priced = _decoded(frame).filter(pl.col(key).is_not_null())
+        ratio = (priced[key] / priced["wall_decode_speedup"]).alias("ratio")
+        if ratio.len():
+            out[name] = {
+                "rows": ratio.len(),
+                "within": int(ratio.is_between(*AGREEMENT).sum()),
+                "min": ratio.min(),
+                "median": ratio.median(),
+                "max": ratio.max(),
+            }
+    return out
 
 
 def ablation_table(rows: list[dict]) -> str:

@@ -89,9 +89,25 @@ def priced_ms(result: GenerationResult, profile: LatencyProfile, policy: object)
     return total
 
 
+def priced_speedup(
+    results: list[GenerationResult], ar: list[GenerationResult], profile: LatencyProfile, policy: object
+) -> float:
+    """The generations' priced speedup over the AR ones under the profile: AR's priced ms over the
+    method's, each summed over the prompts (prefill excluded)."""
+    return sum(priced_ms(r, profile, AR) for r in ar) / sum(priced_ms(r, profile, policy) for r in results)
+
+
 def method_row(
-    name: str, results: list[GenerationResult], ar: list[GenerationResult], profile, policy, depth
+    name: str,
+    results: list[GenerationResult],
+    ar: list[GenerationResult],
+    profile: LatencyProfile,
+    policy: object,
+    depth: int,
+    beside: LatencyProfile | None = None,
 ) -> dict:
+    """A method's row; with ``beside`` (the pair profiled again next to these decodes) also the same
+    counts priced with it, ``beside_priced_speedup``."""
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
     m = summarise(name, results, ar_tps, lossless=True)
     priced = sum(priced_ms(r, profile, policy) for r in results)
@@ -101,7 +117,7 @@ def method_row(
     per_step = [
         sum(rd.steps[k].used_mid for rd in rounds) / len(rounds) if rounds else 0.0 for k in range(depth)
     ]
-    return {
+    row = {
         "method": name,
         "n_tokens": m.n_tokens,
         "wall_s": m.wall_s,
@@ -117,6 +133,9 @@ def method_row(
             sum(s.historical_picks for s in mid_steps) / max(1, sum(s.frontier_size for s in mid_steps))
         ),
     }
+    if beside is not None:
+        row["beside_priced_speedup"] = priced_speedup(results, ar, beside, policy)
+    return row
 
 
 def evaluate_cell(
@@ -128,17 +147,22 @@ def evaluate_cell(
     runtime: RuntimeContext,
     profile: LatencyProfile,
     warmup_tokens: int = 16,
+    beside: LatencyProfile | None = None,
 ) -> CellResult:
     """Decode with every method; raise LosslessError on any mismatch; return rows and answers.
 
     ``warmup_tokens``: every method's identical warm-up (decoder.measure.run_side_by_side); a cell
     whose pair and methods the previous cell has just decoded is already warm and may pass fewer.
+    ``beside``: a second profile of the pair, measured next to these decodes; every row then also
+    prices its counts with it (``beside_priced_speedup``), to tell a machine that changed speed since
+    ``profile`` was measured from a cost model that is wrong.
     """
     results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens)
     reports = lossless_gate(pair, prompts, results)
     policies = {AR: AR, **{m.name: m.policy for m in methods}}
     rows = [
-        method_row(n, res, results[AR], profile, policies[n], config.tree.depth) for n, res in results.items()
+        method_row(n, res, results[AR], profile, policies[n], config.tree.depth, beside)
+        for n, res in results.items()
     ]
     answers = {
         n: [specbench_record(q, r, pair, n) for q, r in zip(questions, res, strict=True)]

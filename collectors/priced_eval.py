@@ -22,7 +22,7 @@ in hindsight is the argmax of priced tokens/s over the 2^D schedules on these ve
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -240,6 +240,13 @@ def pooled_speedups(cells: Sequence[PricedCell], methods: Sequence[str]) -> dict
     return {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in methods}
 
 
+def fastest(speedup: Mapping[str, float], methods: Sequence[str]) -> str:
+    """The method of ``methods`` with the highest ``speedup``; the first listed among equals."""
+    if not methods:
+        raise ValueError("fastest: no methods")
+    return max(methods, key=lambda m: (speedup[m], -methods.index(m)))
+
+
 def pair_check(cells: Sequence[PricedCell], learned: Sequence[str] = ("student",)) -> dict:
     """Which method a pair deploys: the fastest of the ``learned`` policies (the first listed among
     equals) where, over the pair's calibration cells pooled (sum of AR ms over sum of the method's
@@ -254,6 +261,6 @@ def pair_check(cells: Sequence[PricedCell], learned: Sequence[str] = ("student",
         raise ValueError("pair_check: no learned policy to check")
     speedup = pooled_speedups(cells, (*ENDPOINTS, *learned))
     better = max(ENDPOINTS, key=lambda m: (speedup[m], m == ENDPOINTS[0]))
-    best = max(learned, key=lambda m: (speedup[m], -learned.index(m)))
+    best = fastest(speedup, learned)
     deploys = best if speedup[best] > speedup[better] else better
     return {"deploys": deploys, "prompts": sum(len(c.tokens) for c in cells), "speedup": speedup}

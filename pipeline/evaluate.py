@@ -12,7 +12,11 @@ This part runs in ``evaluate.workers`` processes, cells sharing a target computi
 ``wall_prompts_per_cell`` prompts are also decoded for real by ``wall_methods`` and autoregressive
 decoding, side by side with identical warm-up (the full warm-up on a pair's first cell, a token on
 its later cells, already warm) (wall clock, with a bootstrap interval); any output
-that differs from autoregressive decoding fails the stage. Held-out pairs (never collected) and
+that differs from autoregressive decoding fails the stage. Each pair is profiled again (one pass of
+the profile stage's measurement) just before its first wall-clock cell, and the decodes' counts are
+priced with both profiles: the check of the cost model on the machine as it ran, beside the check
+of the stage's prices, which also moves with how much faster or slower the machine has become
+(``pricing_agreement`` and ``profile_drift`` in metrics.json, the profiles under ``profiles/``). Held-out pairs (never collected) and
 tasks (never fitted) are marked. Ablations under the fixed schedule (full, no extended grafting,
 overwrite grafting, sequential cascade) are decoded for real with the mechanism statistics. Writes
 under evaluate.out_dir: results.json, table.md, ablations.md, metrics.json, plots (PNG + CSV for
@@ -35,18 +39,29 @@ from collectors.eval_report import (
     calls_plot,
     main_table,
     plot_rows,
+    pricing_agreement,
     speedup_plot,
     summary_metrics,
     wall_table,
 )
 from collectors.evaluation import evaluate_cell
+from collectors.latency import LatencyProfile, compare_profiles, save_profile
 from collectors.plan import load_registered_pair, tree_config
-from collectors.priced_eval import ENDPOINTS, PricedCell, bootstrap_speedup, pair_check, pooled_speedups
+from collectors.priced_eval import (
+    ENDPOINTS,
+    PricedCell,
+    bootstrap_speedup,
+    fastest,
+    pair_check,
+    pooled_speedups,
+)
 from collectors.priced_tasks import calibration_range, cell_inputs, decode_config, priced_cells
+from collectors.profiling import measure_profile
 from config.params import Params, resolve
 from decoder.artifact import Artifact, read_artifact
 from decoder.config import Grafting, TreeConfig
 from decoder.measure import Method
+from decoder.models import ModelPair
 from decoder.policies import AR
 from decoder.scheduler import LearnedScheduler, check_features, load_scheduler, load_value_planner
 from pipeline.cli import apply_runtime, run_stage
@@ -55,12 +70,14 @@ from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, wri
 log = logging.getLogger(__name__)
 
 
-def learned_policies(params: Params) -> dict[str, object]:
+def learned_policies(params: Params, students: Mapping[str, LearnedScheduler]) -> dict[str, object]:
+    """The value planner (loaded and validated) and the student at its exported threshold (from
+    :func:`threshold_variants`, which loaded and validated it)."""
     tree = tree_config(params.tree)
     export = resolve(params.export.out_dir)
     return {
         "value-planner": load_value_planner(export / "value_planner.json", tree.depth, tree.width),
-        "student": load_scheduler(export / "scheduler.json", tree.depth, tree.width),
+        "student": students[variant_name(0.0)],
     }
 
 
@@ -163,8 +180,37 @@ def _priced_rows(cell, n_boot: int) -> dict[str, dict]:
 WARMUP_TOKENS, WARM_AGAIN_TOKENS = 16, 1
 
 
-def _wall_rows(params: Params, pair, questions, prompts, methods, config, runtime, profile, warmup) -> tuple:
-    cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, profile, warmup)
+def profile_beside(params: Params, pair: ModelPair, pair_id: str) -> LatencyProfile:
+    """One pass of the profile stage's measurement of the pair (``params.profile``'s settings, the
+    stage's tree): taken just before the pair's wall-clock cells, it prices their decodes as the
+    machine ran them, so that the pricing check tells a wrong cost model from a machine that is
+    faster or slower than when the stage profiled it (the training prices stay the stage's)."""
+    s = params.profile
+    return measure_profile(
+        pair,
+        pair_id,
+        context_len=s.context_len,
+        sizes=s.sizes,
+        warmup=s.warmup,
+        repeats=s.repeats,
+        mid_tokens=s.mid_tokens,
+        mid_fed=s.mid_fed,
+        samples_per_repeat=s.samples_per_repeat,
+        long_job_ms=s.long_job_ms,
+        tree_config=tree_config(params.tree),
+    )
+
+
+def profile_drift(stage: LatencyProfile, beside: LatencyProfile) -> dict[str, float]:
+    """Per component, the re-measured profile over the stage's (geometric mean over the points both
+    measured): below 1, the machine ran that part faster than when it was profiled."""
+    return {a.component: a.geomean_ratio for a in compare_profiles(stage, beside)}
+
+
+def _wall_rows(
+    params: Params, pair, questions, prompts, methods, config, runtime, profile, warmup, beside
+) -> tuple:
+    cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, profile, warmup, beside)
     ar = np.array([r.wall_s for r in cell.results[AR]])
     ar_decode = ar - np.array([r.prefill_s for r in cell.results[AR]])
     rows = {}
@@ -192,9 +238,11 @@ def _evaluate_cells(
     policies: dict,
     checks: dict[str, dict],
     students: Mapping[str, LearnedScheduler],
-) -> tuple[list[dict], dict[tuple[str, str], PricedCell]]:
+) -> tuple[list[dict], dict[tuple[str, str], PricedCell], dict[str, dict[str, float]]]:
     """Every cell's priced rows (in ``evaluate.workers`` processes), then, with no worker alive, the
-    wall-clock rows cell by cell in this process. Each cell also gets a ``deployed`` row with
+    wall-clock rows cell by cell in this process, each pair profiled again (:func:`profile_beside`,
+    written to ``<out>/profiles/<pair>.json``) just before its first cell; returns the rows, the
+    priced cells and each pair's :func:`profile_drift`. Each cell also gets a ``deployed`` row with
     ``deployed_as``: the method its pair's check deploys (``checks``); where that is the student at
     a shifted threshold (one of ``students``) it is decoded for real under that name, its priced
     figures those of its replay, else it is a copy of that method's row, renamed. Every one of
@@ -206,14 +254,18 @@ def _evaluate_cells(
     extra = {n: p for n, p in students.items() if n not in policies}
     with tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (priced replay)", unit="prompt") as bar:
         priced_by_cell = priced_cells(params, cells, {**policies, **extra}, FIXED_METHODS, bar.update)
-    rows, warm_pair = [], None
+    rows, warm_pair, beside, drift = [], None, None, {}
     for pair_id, dataset in tqdm(cells, desc="evaluate (wall clock)", unit="cell"):
         pair = load_registered_pair(params, pair_id)
-        warmup = WARM_AGAIN_TOKENS if pair_id == warm_pair else WARMUP_TOKENS
-        warm_pair = pair_id
         questions, prompts, profile, runtime = cell_inputs(
             params, pair_id, dataset, pair, cfg.prompts_per_cell
         )
+        warmup = WARM_AGAIN_TOKENS if pair_id == warm_pair else WARMUP_TOKENS
+        if pair_id != warm_pair:
+            beside = profile_beside(params, pair, pair_id)
+            save_profile(beside, out / "profiles" / f"{pair_id}.json")
+            drift[pair_id] = profile_drift(profile, beside)
+        warm_pair = pair_id
         config = decode_config(params, pair_id)
         priced = priced_by_cell[(pair_id, dataset)]
         log.info("%s %s: best fixed schedule in hindsight %s", pair_id, dataset, priced.best_fixed)
@@ -224,7 +276,7 @@ def _evaluate_cells(
         wall_methods += [Method(n, p) for n, p in shifted.get(pair_id, {}).items()]
         wall, answers = _wall_rows(
             params, pair, questions[:n_wall], prompts[:n_wall], wall_methods, config, runtime[:n_wall],
-            profile, warmup,
+            profile, warmup, beside,
         )  # fmt: skip
         deploys = checks[pair_id]["deploys"]
         for name, w in wall.items():
@@ -236,7 +288,9 @@ def _evaluate_cells(
                                         "mean_accepted_length", "mid_call_rate", "mid_calls_per_step")
                    if k in keep},
                 "wall_priced_speedup": w["priced_speedup"],  # the same counts priced, wall prompts only
+                "wall_beside_priced_speedup": w["beside_priced_speedup"],  # ... with the pair re-profiled
                 "wall_n_prompts": n_wall,
+                "wall_of": name,  # decoded under this name (a deployed copy keeps its method's)
             }  # fmt: skip
         by_method[DEPLOYED] = {**by_method[DEPLOYED if pair_id in shifted else deploys],
                                "method": DEPLOYED, "deployed_as": deploys}  # fmt: skip
@@ -250,7 +304,7 @@ def _evaluate_cells(
             path = out / "specbench" / method / f"{pair_id}__{dataset}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(a) + "\n" for a in records))
-    return rows, priced_by_cell
+    return rows, priced_by_cell, drift
 
 
 def threshold_transfer(
@@ -266,7 +320,7 @@ def threshold_transfer(
         learned = [m for m in speedup if m not in ENDPOINTS]
         out[pair_id] = {
             "chosen": check["deploys"],
-            "held_back_best": max(learned, key=lambda m: (speedup[m], -learned.index(m))),
+            "held_back_best": fastest(speedup, learned),
             "speedup": speedup,
         }
     return out
@@ -313,20 +367,26 @@ def main(params: Params) -> dict:
     out = resolve(cfg.out_dir)
     depth = params.tree.depth
     with stage_run("evaluate", params):
-        policies = learned_policies(params)
         tree = tree_config(params.tree)
         students = threshold_variants(
             resolve(params.export.out_dir) / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
         )
+        policies = learned_policies(params, students)
         checks = pair_checks(params, students)
         cells = [(p, d) for p in cfg.pairs for d in cfg.datasets]
-        rows, priced_by_cell = _evaluate_cells(params, cells, out, policies, checks, students)
+        rows, priced_by_cell, drift = _evaluate_cells(params, cells, out, policies, checks, students)
         fitting = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
         transfer = threshold_transfer(priced_by_cell, checks, fitting)
         ablations = _ablation_cells(
             params, [(p, d) for p in cfg.ablation.pairs for d in cfg.ablation.datasets]
         )
-        metrics = {**summary_metrics(rows), "pair_check": checks, "threshold_transfer": transfer}
+        metrics = {
+            **summary_metrics(rows),
+            "pair_check": checks,
+            "threshold_transfer": transfer,
+            "pricing_agreement": pricing_agreement(rows),
+            "profile_drift": drift,
+        }
         table, wall, abl = main_table(rows), wall_table(rows), ablation_table(ablations)
         write_json(out / "results.json", {"main": rows, "ablations": ablations, "pair_check": checks})
         write_json(out / "metrics.json", metrics)

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from collectors.eval_report import metric_prefix
+from collectors.eval_report import AGREEMENT, metric_prefix
 from config.params import Params, load_params, resolve
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -46,6 +46,7 @@ def results_section(params: Params) -> str:
             f"The first {params.evaluate.wall_prompts_per_cell} prompts of each cell, every output checked "
             "token-identical to autoregressive decoding; 'priced, same runs' prices these runs' own counts.",
             _read(ev / "wall.md"),
+            pricing_line(json.loads(_read(ev / "metrics.json"))),
             gains_line(json.loads(_read(ev / "metrics.json")), "speedup"),
             gains_line(json.loads(_read(ev / "metrics.json")), "speedup", "deployed"),
             "![speedup per method and pair](artifacts/evaluate/speedup.png)",
@@ -216,6 +217,35 @@ def transfer_line(metrics: dict) -> str:
         "pooled over each pair's fitting cells, by threshold offset; of the pairs deploying the "
         f"student, {same} of {len(deploying)} chose the threshold fastest here): " + "; ".join(parts) + "."
     )
+
+
+def pricing_line(metrics: dict) -> str:
+    """How many decoded rows price within the band of their wall clock, with the stage's profiles and
+    with each pair profiled again beside its decodes, and how far the machine drifted in between."""
+    agreement = metrics.get("pricing_agreement", {})
+    if not agreement:
+        return ""
+    low, high = AGREEMENT
+    words = {
+        "stage": "with the profile stage's profiles (the prices of every table above)",
+        "beside": "with each pair profiled again just before its wall-clock cells (one pass)",
+    }
+    parts = [
+        f"{words[k]} on {a['within']} of {a['rows']} rows "
+        f"(median {a['median']:.2f}, {a['min']:.2f}-{a['max']:.2f})"
+        for k, a in agreement.items()
+    ]
+    drift = metrics.get("profile_drift", {})
+    moved = "; ".join(
+        f"{pair_id} " + ", ".join(f"{c} {r:.2f}" for c, r in d.items()) for pair_id, d in drift.items()
+    )
+    line = f"Priced / wall clock (decoding only) within {low:.2f}-{high:.2f}: " + "; ".join(parts) + "."
+    if moved:
+        line += (
+            " Re-profiled over the stage's profile per component (geometric mean over the points, "
+            f"below 1: faster now): {moved}."
+        )
+    return line
 
 
 def gains_line(metrics: dict, key: str = "priced_speedup", learned: str = "student") -> str:

@@ -8,6 +8,7 @@ from collectors.eval_report import (
     ablation_table,
     main_table,
     plot_rows,
+    pricing_agreement,
     student_gains,
     summary_metrics,
     wall_table,
@@ -115,21 +116,46 @@ def test_the_deployed_row_has_gains_of_its_own_beside_the_students():
     assert lines[1].endswith("| 1.30x (1.50) | 1.30x (1.50) | - | +30.0% | - | +30.0% |")
 
 
+def _walled(row, decode, priced, beside=None, wall_of=None):
+    return {**row, "wall_ci_low": 1.0, "wall_ci_high": 1.4, "wall_decode_speedup": decode,
+            "wall_priced_speedup": priced, "wall_beside_priced_speedup": beside, "wall_n_prompts": 3,
+            "wall_of": wall_of or row["method"]}  # fmt: skip
+
+
 def test_wall_table_leaves_out_the_deployed_copies():
-    student = {**_row("a", "x", "student", 1.2), "wall_ci_low": 1.0, "wall_ci_high": 1.4,
-               "wall_decode_speedup": 1.25, "wall_priced_speedup": 1.375, "wall_n_prompts": 3}  # fmt: skip
-    lines = wall_table([student, _deployed(student)]).splitlines()
-    assert lines[2:] == ["| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.25x | 1.38x | 1.10 |"]
+    """Cell x deploys the student at the exported threshold (a copy of its row: left out); cell y a
+    shifted student, decoded under the name deployed (kept)."""
+    student = _walled(_row("a", "x", "student", 1.2), 1.25, 1.375, 1.25)
+    shifted = _walled({**_row("a", "y", "deployed", 1.5), "deployed_as": "student:0.50"}, 1.5, 1.2)
+    lines = wall_table([student, _deployed(student), shifted]).splitlines()
+    assert lines[2:] == [
+        "| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.25x | 1.38x | 1.10 | 1.00 |",
+        "| a | y | deployed | 3 | 1.50x | [1.00, 1.40] | 1.50x | 1.20x | 0.80 | - |",
+    ]
+
+
+def test_pricing_agreement_counts_the_decoded_rows_in_the_band_per_profile():
+    """With the stage profile, priced / wall 1.04 (in the band) and 0.80 (out); re-profiled, 1.00
+    (in), the shifted row has no figure; copies and priced-only rows are not counted."""
+    student = _walled(_row("a", "x", "student", 1.2), 1.25, 1.3, 1.25)
+    shifted = _walled({**_row("a", "y", "deployed", 1.5), "deployed_as": "student:0.50"}, 1.5, 1.2)
+    priced_only = {**_row("a", "x", "10101", 1.0), "speedup": None}
+    agreement = pricing_agreement([student, _deployed(student), shifted, priced_only])
+    stage = {"rows": 2, "within": 1, "min": 0.8, "median": 0.92, "max": 1.04}
+    assert agreement["stage"] == {k: pytest.approx(v) for k, v in stage.items()}
+    assert agreement["beside"] == {"rows": 1, "within": 1, "min": 1.0, "median": 1.0, "max": 1.0}
+    assert pricing_agreement([priced_only]) == {}
 
 
 def test_wall_table_sets_the_real_runs_beside_their_pricing():
+    """A row without a re-profiled figure (a run before it existed) shows '-' there."""
     rows = [
         {**_row("a", "x", "student", 1.2), "wall_ci_low": 1.0, "wall_ci_high": 1.4,
          "wall_decode_speedup": 1.25, "wall_priced_speedup": 1.375, "wall_n_prompts": 3},
         {**_row("a", "x", "10101", 1.0), "speedup": None},  # priced only: not in the wall table
     ]  # fmt: skip
     lines = wall_table(rows).splitlines()
-    assert lines[2:] == ["| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.25x | 1.38x | 1.10 |"]
+    assert lines[2:] == ["| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.25x | 1.38x | 1.10 | - |"]
 
 
 def test_ablation_rows_in_method_order_per_sorted_cell():

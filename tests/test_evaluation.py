@@ -68,6 +68,28 @@ def test_a_method_that_differs_from_autoregressive_fails_the_cell(cell_inputs, m
         )
 
 
+def test_rows_priced_again_with_a_profile_measured_beside_the_decodes(cell_inputs):
+    """The same counts priced with a second profile: the same profile gives the same speedups; one
+    where every cost took twice as long (a slower machine) too, as speedups are ratios; one where
+    only the mid drafter got dearer slows All-Mid's price and leaves All-Small's (no mid calls)."""
+    pair, questions, prompts = cell_inputs
+    config = DecodeConfig(max_new_tokens=12)
+    methods = [Method("all-small", "all-small"), Method("all-mid", "all-mid")]
+    grid = tuple(tuple(3 * ms for ms in row) for row in PROFILE.mid_grid_ms)
+    dear_mid = linear_profile(mid_grid_ms=grid)
+    runtime = RuntimeContext(10, 4.0, 1.0)
+    speedups = {}
+    for name, beside in (("same", PROFILE), ("slower", linear_profile(2.0)), ("dear mid", dear_mid)):
+        cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, PROFILE, beside=beside)
+        speedups[name] = {r["method"]: (r["priced_speedup"], r["beside_priced_speedup"]) for r in cell.rows}
+    for name in ("same", "slower"):
+        assert all(beside == pytest.approx(priced) for priced, beside in speedups[name].values()), name
+    small, mid = speedups["dear mid"]["all-small"], speedups["dear mid"]["all-mid"]
+    assert small[1] == pytest.approx(small[0]) and mid[1] < 0.9 * mid[0]
+    plain = evaluate_cell(pair, questions, prompts, methods, config, runtime, PROFILE)
+    assert all("beside_priced_speedup" not in r for r in plain.rows)
+
+
 def test_best_fixed_in_hindsight_is_a_schedule(cell_inputs):
     pair, _, prompts = cell_inputs
     best = best_fixed_in_hindsight(pair, prompts, DecodeConfig(max_new_tokens=12), PROFILE)

@@ -10,6 +10,7 @@ from pipeline.readme import (
     gains_line,
     graft_checks_line,
     learned_budget_line,
+    pricing_line,
     student_table,
     update,
 )
@@ -87,3 +88,19 @@ def test_learned_budget_line_says_which_budget_full_graft_uses():
     line = learned_budget_line(metrics)
     assert "zoo-m cap 16, 1.010x vs fixed B 1.040x, full GRAFT uses the fixed B" in line
     assert "Mean wall-clock speedup: full 1.25x" in line
+
+
+def test_pricing_line_sets_both_profiles_and_the_drift_side_by_side():
+    metrics = {
+        "pricing_agreement": {
+            "stage": {"rows": 108, "within": 79, "min": 0.79, "median": 1.02, "max": 1.28},
+            "beside": {"rows": 108, "within": 101, "min": 0.88, "median": 0.99, "max": 1.12},
+        },
+        "profile_drift": {"zoo-l": {"verify": 0.8, "mid": 0.91}},
+    }
+    line = pricing_line(metrics)
+    assert "(the prices of every table above) on 79 of 108 rows (median 1.02, 0.79-1.28)" in line
+    assert "profiled again just before its wall-clock cells (one pass) on 101 of 108 rows" in line
+    assert line.startswith("Priced / wall clock (decoding only) within 0.90-1.10: ")
+    assert line.endswith("faster now): zoo-l verify 0.80, mid 0.91.")
+    assert pricing_line({}) == ""  # a run before the check: no line
