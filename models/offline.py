@@ -133,3 +133,49 @@ def choose_threshold_walked(
     candidates = np.unique(np.concatenate([[0.0], own[own > 0]]))
     pct = np.array([walked_pct_of_best(scores > t, replay, reports, depth) for t in candidates])
     return float(candidates[pct >= pct.max() - tolerance_pct].max())
+
+
+# The decision thresholds a pair may take: the student's own plus each offset, in its units (a logit
+# of P(invoking pays) for the thresholded student). The evaluate stage's pair check tries them on
+# each pair's calibration prompts (in one run, before that check: zoo-chat-m +6.5% over All-Mid at
+# offset 0, +19.9% at -0.5; the held-out pair zoo-lw +8.4% and +11.5% at +1);
+# pair_offset_decisions is their offline, out-of-fold counterpart.
+THRESHOLD_OFFSETS = (-1.0, -0.5, 0.0, 0.5, 1.0)
+
+
+def _walked_pct(decisions: np.ndarray, replay: Replay, report: str, depth: int) -> float:
+    scheds = replay.by_report[report]
+    return 100 * scheds[walk(decisions, replay.index, report, depth)] / max(scheds.values())
+
+
+def pair_offset_decisions(
+    scores: np.ndarray,
+    thresholds: np.ndarray,
+    replay: Replay,
+    pair_of: Mapping[str, str],
+    depth: int,
+    offsets: Sequence[float] = THRESHOLD_OFFSETS,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Per-pair thresholds, out of fold: each report's states decided by score > own threshold + o,
+    o the offset whose walks reach the best schedules (mean walked % of best) over the OTHER reports
+    of the report's pair (``pair_of``: report -> pair); among equals the largest (when unsure, skip);
+    0 for a pair's only report. ``scores`` and ``thresholds`` are per state (out-of-fold scores and
+    each state's fold threshold). Returns the decisions and the offset per report."""
+    scores, thresholds = np.asarray(scores, dtype=np.float64), np.asarray(thresholds, dtype=np.float64)
+    if 0.0 not in offsets:
+        raise ValueError(f"pair_offset_decisions: the offsets {offsets} must include 0")
+    reports = sorted(replay.by_report)
+    by_offset = {o: scores > thresholds + o for o in offsets}
+    pct = {o: {r: _walked_pct(d, replay, r, depth) for r in reports} for o, d in by_offset.items()}
+    rows: dict[str, list[int]] = {r: [] for r in reports}
+    for (r, _, _), i in replay.index.items():
+        rows[r].append(i)
+    decisions = np.zeros(len(scores), dtype=bool)
+    chosen: dict[str, float] = {}
+    for r in reports:
+        others = [q for q in reports if q != r and pair_of[q] == pair_of[r]]
+        merit = {o: float(np.mean([pct[o][q] for q in others])) if others else 0.0 for o in offsets}
+        o = 0.0 if not others else max(offsets, key=lambda o: (merit[o], o))
+        chosen[r] = o
+        decisions[rows[r]] = by_offset[o][rows[r]]
+    return decisions, chosen

@@ -92,6 +92,7 @@ from models.offline import (
     choose_threshold,
     choose_threshold_walked,
     evaluate,
+    pair_offset_decisions,
     summary,
     walked_pct_of_best,
 )
@@ -114,6 +115,7 @@ FIXED = ("all_small", "all_mid", "fixed_10101")
 LABELS = {
     "best": "best enumerated schedule",
     "student_oof": "student (exported training states)",
+    "student_pair_threshold_oof": "student, per-pair threshold (offset chosen on the pair's other reports)",
     "student_canonical_oof": "student, canonical states",
     "student_rounds_oof": "student, round-level states",
     "student_both_oof": "student, canonical + round-level states",
@@ -368,7 +370,8 @@ def _students(
     fits = {"student_oof": mse if export_mse else by_set[winner]}
     fits.update({f"student_{n}_oof": f for n, f in by_set.items() if len(by_set) > 1 or export_mse})
     fits["student_mse_oof"] = mse
-    fits["student_size0_oof"] = cross_fit(size0, folds, choose(round_inputs(rs, [()] * len(size0))), spec)
+    size0_round = round_inputs(rs, [()]) * len(size0)  # one input matrix: every fold reads no signal
+    fits["student_size0_oof"] = cross_fit(size0, folds, choose(size0_round), spec)
     if rs is not None:  # what the lookahead is worth: the winner's training states without it
         flat = replace(rs, frame=rs.frame.with_columns(pl.lit(0.0).alias(LOOKAHEAD_NAME)))
         flat_z = round_inputs(flat, fold_signals)
@@ -686,6 +689,12 @@ def _vs_fixed(rows: list[dict]) -> dict:
     }
 
 
+def _pair_of(states: pa.Table) -> dict[str, str]:
+    """report id -> pair id."""
+    reports, pairs = states.column("report_id").to_pylist(), states.column("pair_id").to_pylist()
+    return dict(zip(reports, pairs, strict=True))
+
+
 def _pair_signals(params: Params) -> list[tuple[str, ...]]:
     try:
         return read_fold_signals(params, "pair")
@@ -716,10 +725,13 @@ def main(params: Params) -> dict:
         decisions = {name: fit.decisions for name, fit in st.fits.items()}
         decisions["value_planner_oof"] = column(margins, "margin_value_oof_tok_per_s") > 0
         decisions["student_in_sample"] = st.final.score(z) > st.threshold
+        oof = st.fits["student_oof"]
+        decisions["student_pair_threshold_oof"], pair_offsets = pair_offset_decisions(
+            oof.scores, np.array(oof.thresholds)[fold_rows(states, "report")], replay, _pair_of(states), depth
+        )
         results = evaluate(
             decisions, _fixed(depth), replay.index, replay.throughput(), sorted(replay.by_report), depth
         )
-        oof = st.fits["student_oof"]
         gate, gate_walks, gate_noise, skip_rounds, idle_margin, backoff_walks = Gate(), {}, {}, 0, 0.0, {}
         by_report: list[dict] = []
         if rs is not None:
@@ -736,6 +748,7 @@ def main(params: Params) -> dict:
             "threshold": st.threshold,
             "fold_thresholds": {n: list(f.thresholds) for n, f in st.fits.items()},
             "oof_invoke_share": float(np.mean(oof.decisions)),
+            "pair_threshold_offsets": pair_offsets,
             "oof_decision_accuracy_vs_target": float(np.mean(oof.decisions == (tg.final > 0))),
             "oof_decision_accuracy_vs_oracle": float(np.mean(oof.decisions == (tg.oracle > 0))),
             "state_regret_pct": _state_regret(decisions, regret),

@@ -16,11 +16,11 @@ that differs from autoregressive decoding fails the stage. Each pair is profiled
 the profile stage's measurement) just before its first wall-clock cell, and the decodes' counts are
 priced with both profiles: the check of the cost model on the machine as it ran, beside the check
 of the stage's prices, which also moves with how much faster or slower the machine has become
-(``pricing_agreement`` and ``profile_drift`` in metrics.json, the profiles under ``profiles/``). Held-out pairs (never collected) and
-tasks (never fitted) are marked. Ablations under the fixed schedule (full, no extended grafting,
-overwrite grafting, sequential cascade) are decoded for real with the mechanism statistics. Writes
-under evaluate.out_dir: results.json, table.md, ablations.md, metrics.json, plots (PNG + CSV for
-`dvc plots`) and Spec-Bench answer files.
+(``pricing_agreement`` and ``profile_drift`` in metrics.json, the profiles under ``profiles/``).
+Held-out pairs (never collected) and tasks (never fitted) are marked. Ablations under the fixed
+schedule (full, no extended grafting, overwrite grafting, sequential cascade) are decoded for real
+with the mechanism statistics. Writes under evaluate.out_dir: results.json, table.md, wall.md,
+ablations.md, metrics.json, plots (PNG + CSV for `dvc plots`) and Spec-Bench answer files.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from decoder.measure import Method
 from decoder.models import ModelPair
 from decoder.policies import AR
 from decoder.scheduler import LearnedScheduler, check_features, load_scheduler, load_value_planner
+from models.offline import THRESHOLD_OFFSETS
 from pipeline.cli import apply_runtime, run_stage
 from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json
 
@@ -79,13 +80,6 @@ def learned_policies(params: Params, students: Mapping[str, LearnedScheduler]) -
         "value-planner": load_value_planner(export / "value_planner.json", tree.depth, tree.width),
         "student": students[variant_name(0.0)],
     }
-
-
-# The thresholds the pair check tries: the exported student's plus each offset, in its margin units
-# (a logit of P(invoking pays)). Out of fold one threshold serves every report; a pair's own
-# calibration prompts may prefer another (in one run, before this rule: zoo-chat-m +6.5% over
-# All-Mid at offset 0, +19.9% at -0.5; the held-out pair zoo-lw +8.4% and +11.5% at +1).
-THRESHOLD_OFFSETS = (-1.0, -0.5, 0.0, 0.5, 1.0)
 
 
 def variant_name(offset: float) -> str:

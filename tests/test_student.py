@@ -12,7 +12,13 @@ from decoder.planning import suffix_feature_names
 from decoder.state import SIGNAL_NAMES, state_feature_names
 from models.cross_fit import FoldInputs, StudentSpec, cross_fit
 from models.mlp import count_parameters
-from models.offline import Replay, choose_threshold, choose_threshold_walked, walked_pct_of_best
+from models.offline import (
+    Replay,
+    choose_threshold,
+    choose_threshold_walked,
+    pair_offset_decisions,
+    walked_pct_of_best,
+)
 from models.student import PAPER_STUDENT_PARAMS, Student, objective, student_param_count
 from models.training import fit_weighted, predict
 
@@ -120,3 +126,30 @@ def test_walked_threshold_keeps_the_call_that_the_per_state_rule_drops():
     assert choose_threshold_walked(scores, replay, ["r"], 2, tolerance_pct=20.0) == pytest.approx(0.8)
     with pytest.raises(ValueError, match="no score"):
         choose_threshold_walked(np.array([0.8, np.nan, 0.5]), replay, ["r"], 2, 0.0)
+
+
+def _one_step_replay(best: dict[str, str]) -> Replay:
+    """Depth 1: one state per report (its id in sorted report order); the best schedule per report
+    realises 10 tok/s, the other 5."""
+    index = {(r, 1, ""): i for i, r in enumerate(sorted(best))}
+    throughput = {(r, s): 10.0 if s == b else 5.0 for r, b in best.items() for s in "01"}
+    return Replay.build(index, throughput)
+
+
+def test_a_reports_pair_threshold_comes_from_the_pairs_other_reports():
+    """Pair a: a1 should skip (score 0.4), a2 and a3 invoke (0.8). For a1, the others invoke at every
+    offset up to +0.5: a tie, so the largest (when unsure, skip), and a1 then skips. For a2 (and a3),
+    +0.5 alone gets both others right. b1, its pair's only report, keeps offset 0. Flipping a1's own
+    outcome changes nothing of its offset: it never sees its own report."""
+    pairs = {"a1": "a", "a2": "a", "a3": "a", "b1": "b"}
+    scores, thresholds = np.array([0.4, 0.8, 0.8, 0.1]), np.zeros(4)
+    replay = _one_step_replay({"a1": "0", "a2": "1", "a3": "1", "b1": "0"})
+    decisions, offsets = pair_offset_decisions(scores, thresholds, replay, pairs, 1)
+    assert offsets == {"a1": 0.5, "a2": 0.5, "a3": 0.5, "b1": 0.0}
+    assert decisions.tolist() == [False, True, True, True]
+    flipped = _one_step_replay({"a1": "1", "a2": "1", "a3": "1", "b1": "0"})
+    _, again = pair_offset_decisions(scores, thresholds, flipped, pairs, 1)
+    assert again["a1"] == 0.5  # a2 and a3 unchanged
+    assert again["a2"] == again["a3"] == 0.0  # a1 invokes now too: every offset up to 0 fits both others
+    with pytest.raises(ValueError, match="include 0"):
+        pair_offset_decisions(scores, thresholds, replay, pairs, 1, offsets=(0.5, 1.0))
