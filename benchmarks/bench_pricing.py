@@ -4,7 +4,7 @@ Usage:
     .venv/bin/python benchmarks/bench_pricing.py [--pairs zoo-m] [--profile-dir artifacts/profile]
         [--policies 00000 11111 10101] [--student artifacts/export/student] [--prompts 4]
         [--max-new-tokens 64] [--threads 2] [--pair-trees] [--components] [--cpu-clock]
-        [--out artifacts/bench/pricing.json]
+        [--datasets alpaca humaneval] [--out artifacts/bench/pricing.json]
 
 Per pair: the latency profile (read from --profile-dir/<pair>.json, or measured now with the
 `profile` stage's settings), then collectors.pricing_check.check_pricing decodes every prompt for
@@ -15,7 +15,10 @@ counts other processes' time (see the "cpu share" column); --cpu-clock times the
 time instead, which checks the cost model itself. `tiny` (built on the spot) stands in when
 the zoo is not built yet. --pair-trees decodes with each pair's budgets.json tree (what collect and
 evaluate price); --components splits the ratio by component and adds the AR baseline's steps
-against the profile's ar_token_ms, which every priced speedup divides by.
+against the profile's ar_token_ms, which every priced speedup divides by. --datasets checks each
+dataset on its own, on the evaluate stage's held-back prompts of that dataset (from
+evaluate.prompt_start): a cost the profile misses may show on some kinds of text only (with
+--profile-dir artifacts/evaluate/profiles, the profiles evaluate measured beside its decodes).
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ import torch
 import decoder.generate
 from benchmarks.pair_sources import TINY, bench_prompts, load_named
 from collectors.latency import load_profile
-from collectors.plan import pair_tree
+from collectors.plan import pair_tree, report_questions
 from collectors.pricing_check import check_components, check_pricing, format_components, format_pricing
 from collectors.profile_rounds import student_like
 from collectors.profiling import measure_profile
 from collectors.records import runtime_for
+from collectors.report import ReportSpec
 from config.params import load_params, resolve
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.scheduler import load_scheduler
@@ -83,6 +87,13 @@ def main() -> None:
         help="also split priced / measured by component (verify, mid, n-gram, decisions, tree work) "
         "and the AR baseline's steps against ar_token_ms: which part of the cost model is off",
     )
+    parser.add_argument(
+        "--datasets",
+        nargs="*",
+        default=None,
+        help="check each embedded dataset on its own, on its first --prompts held-back evaluate prompts "
+        "(default: one mixed set, the first question of each dataset in turn)",
+    )
     parser.add_argument("--out", default="artifacts/bench/pricing.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -110,7 +121,6 @@ def main() -> None:
                 samples_per_repeat=args.samples or s.samples_per_repeat, tree_config=pair_config.tree,
                 long_job_ms=s.long_job_ms,
             )  # fmt: skip
-        prompts = bench_prompts(params, name, pair, args.prompts, args.max_prompt_tokens)
         policies: dict[str, object] = {p: p for p in args.policies}
         if args.student:
             policies["student"] = load_scheduler(args.student, pair_config.tree.depth, pair_config.tree.width)
@@ -118,20 +128,35 @@ def main() -> None:
             policies["random-mlp"] = student_like(
                 pair_config.tree.depth, pair_config.tree.width, np.random.default_rng(0)
             )
-        runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), pair_config.tree)
-        rows = check_pricing(pair, profile, prompts, policies, pair_config, runtime)
-        tables.append(format_pricing(name, rows))
-        print(tables[-1], flush=True)
-        report += [{"pair": name, **asdict(r), "ratio": r.ratio, "cpu_ratio": r.cpu_ratio} for r in rows]
-        if args.components:
-            parts = check_components(pair, profile, prompts, policies, pair_config, runtime)
-            tables.append(format_components(name, parts))
+        for dataset, prompts in prompt_sets(params, name, pair, args).items():
+            label = name if dataset is None else f"{name}/{dataset}"
+            runtime = runtime_for(profile, sum(map(len, prompts)) / len(prompts), pair_config.tree)
+            rows = check_pricing(pair, profile, prompts, policies, pair_config, runtime)
+            tables.append(format_pricing(label, rows))
             print(tables[-1], flush=True)
-            report += [{"pair": name, "components": asdict(r)} for r in parts]
+            where = {"pair": name, "dataset": dataset}
+            report += [{**where, **asdict(r), "ratio": r.ratio, "cpu_ratio": r.cpu_ratio} for r in rows]
+            if args.components:
+                parts = check_components(pair, profile, prompts, policies, pair_config, runtime)
+                tables.append(format_components(label, parts))
+                print(tables[-1], flush=True)
+                report += [{**where, "components": asdict(r)} for r in parts]
     print("\n".join(tables))
     out = resolve(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def prompt_sets(params, name: str, pair, args) -> dict[str | None, list[list[int]]]:
+    """The prompts to check: one mixed set (key None), or per --datasets dataset its first --prompts
+    held-back evaluate prompts."""
+    if not args.datasets:
+        return {None: bench_prompts(params, name, pair, args.prompts, args.max_prompt_tokens)}
+    first = params.evaluate.prompt_start
+    return {
+        d: report_questions(params, ReportSpec(name, d, first, first + args.prompts), pair.tokenizer)[1]
+        for d in args.datasets
+    }
 
 
 if __name__ == "__main__":
