@@ -60,7 +60,7 @@ from decoder.models import ModelPair
 log = logging.getLogger("bench_budget")
 GRID = (1, 2, 4, 8, 16, 32, 63)
 COUNT_FIELDS = ("accepted", "emitted", "verified_nodes", "mid_tree_tokens", "mid_catch_up", "small_steps",
-                "tree_nodes", "small_frontier", "mid_lag")  # fmt: skip
+                "tree_nodes", "small_frontier", "mid_lag", "prompt_blocks")  # fmt: skip
 
 
 def check_against_replay(rep: SweepReplayer, prompt: list[int], walks: dict[tuple[int, int], Walk]) -> None:

@@ -47,12 +47,13 @@ class FullOutcome:
     frontier: int | None
     small_steps: int
     gains: np.ndarray  # [B] the per-round rule's expected accepted under B (decoder.budget)
+    blocks: frozenset[int] = frozenset()  # prompt-row blocks its small steps read (the same under every B)
 
     def at(self, budget: int) -> BranchOutcome:
         a = int(self.accepted[budget])
         fed = -1 if self.fed_full < 0 else min(a, self.fed_full)
         return BranchOutcome(
-            a, int(self.kept[budget]) + 1, self.calls, fed, (), self.tree_nodes, self.frontier
+            a, int(self.kept[budget]) + 1, self.calls, fed, (), self.tree_nodes, self.frontier, self.blocks
         )
 
 
@@ -72,7 +73,9 @@ class SweepReplayer(Replayer):
         frontier = small_frontier(tree, b.bits, cfg.width, cfg.sequential)
         small = len(b.bits) - sum(b.bits)
         gains = expected_gains(tree, b_max)
-        return FullOutcome(sweep.accepted, sweep.kept, fed, b.calls, tree.n_alive, frontier, small, gains)
+        return FullOutcome(
+            sweep.accepted, sweep.kept, fed, b.calls, tree.n_alive, frontier, small, gains, b.blocks
+        )
 
 
 def sweep_prompt(
@@ -114,7 +117,9 @@ Sample = tuple[FullOutcome, int]  # one replayed round start and the tokens left
 
 
 def round_counts(o: FullOutcome, budget: int) -> RoundCounts:
-    """The priced counts of one replayed start under a budget (no mid catch-up: the round alone)."""
+    """The priced counts of one replayed start under a budget (no mid catch-up: the round alone;
+    no prompt-row blocks: a trajectory computes each block once, mostly in its first rounds, so a
+    round's mean drafting cost leaves them out)."""
     b = o.at(budget)
     fed = fed_before_calls(b.mid_tree_tokens)
     return RoundCounts(

@@ -50,6 +50,7 @@ def execute_prompt(
                 tree_nodes=r.tree_size + 1,
                 small_frontier=sum(s.frontier_size for s in r.steps if not s.used_mid),
                 mid_lag=r.mid_lag,
+                prompt_blocks=r.prompt_blocks,
             )
         )
     return records, res.decoded_tokens

@@ -14,6 +14,9 @@ Contract:
     verify(verified nodes) + sum over mid calls of mid(new tokens, tree nodes already fed)
     + (mid end-of-round KV compaction, in rounds with a mid call)
     + small steps x n-gram step + decisions x decision (tree signals + features + MLP)
+    + prompt blocks x prompt block: the blocks of the prompt's top-m rows the round's n-gram steps
+      computed on first read (decoder/verify.py PromptRows; priced with the n-gram steps, whose
+      clock they run in)
     + tree(live tree nodes): the per-round Python tree work outside drafting and verification
     + the round's cold-cache terms: a component that runs right after another model's forward
       finds its weights and code out of the CPU caches. The curves are timed warm (verify after an
@@ -50,8 +53,8 @@ from decoder.files import replace_atomically
 if TYPE_CHECKING:  # kept off import so re-pricing needs neither torch nor transformers
     from decoder.generate import RoundStats
 
-SCHEMA_VERSION = 6  # 3: passes; 4: cold-cache round terms, verify timed after an n-gram step;
-# 5: the verify's cold term over the last mid call's tokens; 6: long_job_ms
+SCHEMA_VERSION = 7  # 3: passes; 4: cold-cache round terms, verify timed after an n-gram step;
+# 5: the verify's cold term over the last mid call's tokens; 6: long_job_ms; 7: prompt_block_ms
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 DEFAULT_MID_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_MID_FED = (0, 16, 64, 256)
@@ -131,6 +134,7 @@ class LatencyProfile:
     mid_cold_ms: float = 0.0  # the first mid call forward of a round
     decision_cold_ms: float = 0.0  # the first decision of a round
     long_job_ms: float = 0.0  # jobs this long ran one sample per repeat (0: every job all of them)
+    prompt_block_ms: float = 0.0  # one block (ROW_BLOCK positions) of a prompt's top-m rows
 
     def __post_init__(self) -> None:
         if isinstance(self.passes, bool) or not isinstance(self.passes, int) or self.passes < 1:
@@ -165,6 +169,7 @@ class LatencyProfile:
             "mid_end_ms",
             "mid_cold_ms",
             "decision_cold_ms",
+            "prompt_block_ms",
         ):
             _check_times(name, [getattr(self, name)])
 
@@ -259,6 +264,7 @@ class RoundCounts:
     mid_call_fed: tuple[int, ...] | None = None  # per mid call: tree nodes fed by earlier calls
     tree_nodes: int | None = None  # live tree nodes before the prune, the root included
     small_frontier: int | None = None  # frontier nodes the small steps expanded, summed over them
+    prompt_blocks: int = 0  # blocks of the prompt's top-m rows the round computed (first reads)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mid_call_tokens", tuple(int(t) for t in self.mid_call_tokens))
@@ -270,6 +276,7 @@ class RoundCounts:
             self.verified_nodes < 1
             or self.small_steps < 0
             or self.decisions < 0
+            or self.prompt_blocks < 0
             or tree < self.verified_nodes
         ):
             raise ValueError(f"invalid counts: {self}")
@@ -298,6 +305,7 @@ def counts_from_round(stats: RoundStats) -> RoundCounts:
         mid_call_fed=fed_before_calls([s.mid_tree_tokens for s in mids]),
         tree_nodes=stats.tree_size + 1,
         small_frontier=sum(s.frontier_size for s in stats.steps if not s.used_mid),
+        prompt_blocks=stats.prompt_blocks,
     )
 
 
@@ -312,7 +320,8 @@ def round_parts(profile: LatencyProfile, counts: RoundCounts) -> dict[str, float
     return {
         "verify": profile.verify_ms(counts.verified_nodes) + profile.verify_cold_ms(counts),
         "mid": sum(profile.mid_ms(t, f) for t, f in mid_calls) + (profile.mid_cold_ms if cold_mid else 0.0),
-        "ngram": profile.small_ms(counts.small_steps, counts.small_frontier),
+        "ngram": profile.small_ms(counts.small_steps, counts.small_frontier)
+        + counts.prompt_blocks * profile.prompt_block_ms,
         "scheduler": counts.decisions * profile.decision_ms + cold_decision,
         "tree": profile.tree_ms(counts.tree_nodes)  # type: ignore[arg-type]  # filled in __post_init__
         + (profile.mid_end_ms if counts.mid_call_tokens else 0.0),
@@ -361,9 +370,14 @@ def _curve(profile: LatencyProfile, component: str) -> dict[tuple[int, ...], flo
     return {(): float(getattr(profile, _SCALARS[component]))}
 
 
-_SCALARS = {"mid_end": "mid_end_ms", "decision": "decision_ms", "ar": "ar_token_ms"}
+_SCALARS = {
+    "mid_end": "mid_end_ms",
+    "decision": "decision_ms",
+    "ar": "ar_token_ms",
+    "prompt_block": "prompt_block_ms",
+}
 # the cold-cache terms are differences of two medians floored at 0, often 0 on small pairs: no ratio
-COMPONENTS = ("verify", "mid", "mid_end", "small", "decision", "ar", "tree")
+COMPONENTS = ("verify", "mid", "mid_end", "small", "decision", "ar", "tree", "prompt_block")
 
 
 def compare_profiles(a: LatencyProfile, b: LatencyProfile) -> list[Agreement]:
@@ -383,7 +397,7 @@ def compare_profiles(a: LatencyProfile, b: LatencyProfile) -> list[Agreement]:
 _SAME = ("pair", "device", "device_name", "torch_threads", "clock", "torch_version", "dtype", "context_len",
          "warmup", "samples_per_repeat", "long_job_ms", "mid_tokens", "mid_fed")  # fmt: skip
 _MEDIANS = ("ngram_step_ms", "ngram_node_ms", "ngram_mean_frontier", "decision_ms", "ar_token_ms",
-            "mid_end_ms", "mid_cold_ms", "decision_cold_ms")  # fmt: skip
+            "mid_end_ms", "mid_cold_ms", "decision_cold_ms", "prompt_block_ms")  # fmt: skip
 
 
 def median_profile(passes: Sequence[LatencyProfile]) -> LatencyProfile:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from collectors.branch_mid import BranchMid, batch_rescore, committed_kv
 from collectors.records import RoundRecord
-from collectors.replay import Branch, Replayer, ReplayInputs, Walk
+from collectors.replay import Branch, Replayer, ReplayInputs, Walk, read_log
 from decoder.construct import RoundBuilder
 from decoder.mid import TreeScores
 from decoder.outcome import first_round_start
@@ -50,6 +50,7 @@ def replay_policy(
     start_generation(policy)  # as generate does: per-prompt scheduler state starts afresh
     ngram = replayer.ngram_with_rows(inputs.prompt, text)
     builder = RoundBuilder(cfg, ngram, None, lambda: 0.0)
+    log = read_log(builder)
     ngram.commit(inputs.prompt)
     walk, start, bits = Walk(), first_round_start(inputs.prompt), []
     left = inputs.round_tokens
@@ -71,10 +72,11 @@ def replay_policy(
                 context = committed_kv(inputs.mid_kv, start - 1)
                 batch_rescore(pair.mid, pair.vocab_size, context, start - 1, [(b.state.tree, b.mid)])
                 rec = builder.mid_step(b.state, committed, k, b.mid)
-                b = Branch((*b.bits, True), b.state, b.mid, (*b.calls, rec.mid_tree_tokens), signals)
+                calls = (*b.calls, rec.mid_tree_tokens)
+                b = Branch((*b.bits, True), b.state, b.mid, calls, signals, b.blocks)
             else:
                 builder.small_step(b.state, committed, k)
-                b = Branch((*b.bits, False), b.state, b.mid, b.calls, signals)
+                b = Branch((*b.bits, False), b.state, b.mid, b.calls, signals, b.blocks | log.take())
         nxt = walk.advance(replayer.finish(b, text, start), start, left, b.bits, decisions)
         bits.append(b.bits)
         if nxt is None:

@@ -127,7 +127,8 @@ class Reference:
     def __init__(self, pair: ModelPair, context: list[int], cfg: TreeConfig) -> None:
         self.context, self.n_ctx = context, len(context) - 1  # the last token is every tree's root
         self.verifier = TargetVerifier(pair.target, pair.vocab_size, cfg.topk)
-        self.top = self.verifier.prefill_context(context)
+        self.rows = self.verifier.prefill(context[:-1]).rows  # the context's rows, a block on demand
+        self.top = self.rows.all()
         self.ngram = NgramDrafter.for_tree(cfg)
         self.ngram.commit(context)
         self.ngram.cache.set_rows(self.top.start, self.top.tokens, self.top.logps)

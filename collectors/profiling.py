@@ -16,6 +16,9 @@ a mid) is built by the decoder's RoundBuilder on that context. Timed, as the dec
   every real pre-step state: tree signals + history/context features + the NumPy MLP, averaged;
 - mid end: MidDrafter.end_round after a call fed the largest fed count (KV kept for one path);
 - tree(n): DraftTree.prune on the first n nodes plus the n-gram score-row update of a round;
+- prompt block: one block of the prompt's top-m rows from its final hidden states (the output
+  head over ROW_BLOCK positions: decoder/verify.py PromptRows.block), which an n-gram step pays
+  the first time it reads a prompt position of that block;
 - AR: AR_BURST greedy single-token target steps back to back, after AR_WARM untimed ones, per
   step. Timed one at a time after a random other component, a step found the caches cold and cost
   up to 1.5x what autoregressive decoding pays per token on the tiny zoo models (0.94-1.07 vs
@@ -234,6 +237,7 @@ def grid_jobs(
         jobs["tree", n] = Job(
             lambda t=tree: t, lambda t: (t.prune(cfg.budget), ref.ngram.cache.set_rows(*rows))
         )
+    jobs["prompt_block", 0] = Job(lambda: None, lambda _: ref.rows.block(0))
     if ref.mid is not None:
         one = mid_job(ref, big, *grid.first_call)
 
@@ -404,6 +408,7 @@ def measure_profile(
         decision_ms=ms["decision", 0],
         ar_token_ms=ms["ar", 1],
         tree_points=tuple((n, ms["tree", n]) for n in grid.tree),
+        prompt_block_ms=ms["prompt_block", 0],
     )
     log.info(
         "profile %s on %s: verify(%d) %.3f ms, AR step %.3f ms, decision %.4f ms",

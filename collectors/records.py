@@ -42,6 +42,7 @@ class RoundRecord:
     small_frontier: int | None = None  # frontier nodes the small steps expanded in all (None: unknown)
     mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
     decisions: int | None = None  # scheduler decisions taken (None: one per step)
+    prompt_blocks: int = 0  # blocks of the prompt's top-m rows its n-gram steps computed first
 
     @property
     def mid_call_tokens(self) -> tuple[int, ...]:
@@ -58,6 +59,7 @@ class RoundRecord:
             mid_call_fed=fed_before_calls(self.mid_tree_tokens),
             tree_nodes=self.tree_nodes or None,
             small_frontier=self.small_frontier,
+            prompt_blocks=self.prompt_blocks,
         )
 
 

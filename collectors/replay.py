@@ -16,6 +16,11 @@ real decoder would forward for it.
 Each schedule's trajectory then walks from start to start (L -> L + A + 1) through the memoised
 outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode. The
 first new token comes from the prefill (decoder/verify.py), so the first round starts after it.
+
+Prompt rows: decoding computes a block of the prompt's top-m rows the first time an n-gram step
+reads a position of it (decoder/verify.py PromptRows). Replay holds every row up front and logs
+which blocks each branch's small steps read (`ReadLog`); a trajectory's round is charged the blocks
+no earlier round of that trajectory read, which is what decoding computes in that round.
 """
 
 from __future__ import annotations
@@ -35,11 +40,11 @@ from decoder.construct import RoundBuilder
 from decoder.generate import generate
 from decoder.mid import TreeScores
 from decoder.models import ModelPair
-from decoder.ngram import NgramDrafter
+from decoder.ngram import NgramDrafter, TargetLogpCache
 from decoder.outcome import first_round_start
 from decoder.policies import BuildState
 from decoder.state import step_signals
-from decoder.tensors import causal_block, forward_block
+from decoder.tensors import ROW_BLOCK, causal_block, forward_block
 from decoder.tree import ROOT, DraftTree
 from decoder.verify import TargetVerifier, top_logps
 
@@ -55,6 +60,28 @@ class BranchOutcome:
     signals: tuple[tuple[float, ...], ...]
     tree_nodes: int = 0  # live tree nodes before the prune, the root included
     small_frontier: int | None = None  # frontier nodes the small steps expanded in all
+    prompt_blocks: frozenset[int] = frozenset()  # blocks of the prompt's rows its small steps read
+
+
+class ReadLog(TargetLogpCache):
+    """A score cache holding every row up front that logs the blocks of the prompt's rows read
+    (position // ROW_BLOCK, positions before `prompt_len`): where decoding would compute them."""
+
+    def __init__(self, prompt_len: int) -> None:
+        super().__init__()
+        self.prompt_len = prompt_len
+        self._read: set[int] = set()
+
+    def logp(self, position: int, token: int) -> float:
+        if position < self.prompt_len:
+            self._read.add(position // ROW_BLOCK)
+        return super().logp(position, token)
+
+    def take(self) -> frozenset[int]:
+        """The blocks read since the last take."""
+        out = frozenset(self._read)
+        self._read.clear()
+        return out
 
 
 @dataclass(frozen=True)
@@ -78,6 +105,8 @@ class PromptReplay:
     n_tokens: dict[int, int]  # tokens the rounds emitted (the prefill's first token excluded)
     starts: dict[int, list[BranchOutcome]]  # round-table starts: committed length -> all schedules
     start_lags: dict[int, int] = field(default_factory=dict)  # round-table start -> its mid lag
+    # round-table start -> the prompt-row blocks read before it (by the arrival whose lag it takes)
+    start_blocks: dict[int, frozenset[int]] = field(default_factory=dict)
 
 
 def small_frontier(tree: DraftTree, bits: tuple[bool, ...], width: int, sequential: bool = False) -> int:
@@ -99,6 +128,13 @@ def arrival_lag(lags: list[int]) -> int:
     arrive with different lags; the median is one that real trajectories have at this start."""
     ordered = sorted(lags)
     return ordered[(len(ordered) - 1) // 2]
+
+
+def arrival(walks: list[Walk], start: int) -> Walk:
+    """The arriving trajectory a round-table start is priced after: the first (in the given order)
+    whose lag is `arrival_lag` of them all; its prompt-row blocks are the ones read before the start."""
+    lag = arrival_lag([w.lag_at(start) for w in walks])
+    return next(w for w in walks if w.lag_at(start) == lag)
 
 
 def accepted_along(tree: DraftTree, text: list[int], start: int) -> list[int]:
@@ -193,6 +229,7 @@ class Replayer:
         heap = [p0] if left > 0 else []
         visited = 0
         lags: dict[int, int] = {}
+        blocks: dict[int, frozenset[int]] = {}
         while heap:
             start = heapq.heappop(heap)
             ngram.commit(text[len(ngram.index.tokens) : start])
@@ -203,7 +240,8 @@ class Replayer:
             visited += 1
             if full:
                 starts[start] = outcomes  # type: ignore[assignment]
-                lags[start] = arrival_lag([state[s].lag_at(start) for s in at[start]])
+                came = arrival([state[s] for s in at[start]], start)
+                lags[start], blocks[start] = came.lag_at(start), frozenset(came.blocks_read)
             for s in at.pop(start):
                 nxt = state[s].advance(outcomes[s], start, left, self.schedules[s])
                 if nxt is not None:
@@ -212,11 +250,16 @@ class Replayer:
                         heapq.heappush(heap, nxt)
                     at[nxt].append(s)
         return PromptReplay(
-            {s: w.rounds for s, w in state.items()}, {s: w.emitted for s, w in state.items()}, starts, lags
+            {s: w.rounds for s, w in state.items()},
+            {s: w.emitted for s, w in state.items()},
+            starts,
+            lags,
+            blocks,
         )
 
     def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
-        """An n-gram drafter whose score cache holds the target's rows for every position."""
+        """An n-gram drafter whose score cache holds the target's rows for every position and logs
+        the prompt-row blocks read (`ReadLog`)."""
         cfg = self.config.tree
         verifier = TargetVerifier(self.pair.target, self.pair.vocab_size, cfg.topk)
         head = verifier.prefill(prompt).top
@@ -224,6 +267,7 @@ class Replayer:
         logits = forward_block(self.pair.target, verifier.cache, causal_block(text[start:-1], start, start))
         tail = top_logps(logits[:, : self.pair.vocab_size], cfg.topk, start)
         ngram = NgramDrafter.for_tree(cfg)
+        ngram.cache = ReadLog(len(prompt))
         for rows in (head, tail):
             ngram.cache.set_rows(rows.start, rows.tokens, rows.logps)
         return ngram
@@ -247,6 +291,8 @@ class Replayer:
         prefixes = None if needed is None else {b[:k] for b in needed for k in range(len(b) + 1)}
         committed = text[:start]
         width = self.config.tree.width
+        log = read_log(builder)
+        log.take()
         level = [Branch((), builder.new_state(committed), TrieBranchMid(TreeScores()), (), ())]
         trie = None if context is None else RoundTrie(self.pair.mid, self.pair.vocab_size, context, start - 1)
         for k in range(1, self.depth + 1):
@@ -256,15 +302,18 @@ class Replayer:
                 if prefixes is None or (*b.bits, False) in prefixes:
                     small = b.state.copy()
                     builder.small_step(small, committed, k)
-                    nxt.append(Branch((*b.bits, False), small, b.mid, b.calls, sig))
+                    read = b.blocks | log.take()
+                    nxt.append(Branch((*b.bits, False), small, b.mid, b.calls, sig, read))
                 if context is not None and (prefixes is None or (*b.bits, True) in prefixes):
-                    invoking.append(Branch((*b.bits, True), b.state.copy(), b.mid.copy(), b.calls, sig))
+                    mid = b.mid.copy()
+                    invoking.append(Branch((*b.bits, True), b.state.copy(), mid, b.calls, sig, b.blocks))
             if invoking:
                 assert trie is not None
                 trie.rescore([(b.state.tree, b.mid) for b in invoking])
             for b in invoking:
                 rec = builder.mid_step(b.state, committed, k, b.mid)
-                nxt.append(Branch(b.bits, b.state, b.mid, (*b.calls, rec.mid_tree_tokens), b.signals))
+                calls = (*b.calls, rec.mid_tree_tokens)
+                nxt.append(Branch(b.bits, b.state, b.mid, calls, b.signals, b.blocks | log.take()))
             level = nxt
         out: list[BranchOutcome | None] = [None] * len(self.schedules)
         for b in level:
@@ -287,8 +336,16 @@ class Replayer:
         cfg = self.config.tree
         frontier = small_frontier(b.state.tree, b.bits, cfg.width, cfg.sequential)
         return BranchOutcome(
-            len(accepted), len(pruned.tree), b.calls, fed, b.signals, b.state.tree.n_alive, frontier
+            len(accepted), len(pruned.tree), b.calls, fed, b.signals, b.state.tree.n_alive, frontier, b.blocks
         )
+
+
+def read_log(builder: RoundBuilder) -> ReadLog:
+    """The builder's n-gram score cache, which replay makes a ReadLog (Replayer.ngram_with_rows)."""
+    log = builder.ngram.cache
+    if not isinstance(log, ReadLog):
+        raise TypeError("replay's n-gram drafter must come from Replayer.ngram_with_rows (a ReadLog cache)")
+    return log
 
 
 @dataclass(frozen=True)
@@ -298,6 +355,7 @@ class Branch:
     mid: BranchMid
     calls: tuple[int, ...]  # tree nodes forwarded per mid call so far
     signals: tuple[tuple[float, ...], ...]
+    blocks: frozenset[int] = frozenset()  # blocks of the prompt's rows its small steps read so far
 
 
 @dataclass
@@ -307,6 +365,7 @@ class Walk:
     emitted: int = 0  # tokens its rounds emitted (``limit`` in advance counts these only)
     mid_committed: int = 0  # committed tokens the mid drafter's cache would hold in execute mode
     rounds: list[RoundRecord] = field(default_factory=list)
+    blocks_read: set[int] = field(default_factory=set)  # prompt-row blocks its rounds computed
 
     def lag_at(self, start: int) -> int:
         """Committed tokens (root excluded) the mid drafter's cache lacks at round start `start`."""
@@ -323,6 +382,8 @@ class Walk:
         """Record the round (``decisions``: the scheduler's, when it took fewer than one per step)."""
         take = min(o.accepted + 1, limit - self.emitted)
         catch_up, lag = 0, self.lag_at(start)
+        fresh = o.prompt_blocks - self.blocks_read  # computed this round: read by no earlier round
+        self.blocks_read |= fresh
         if o.mid_tree_tokens:
             catch_up = (start - 1) - self.mid_committed
             self.mid_committed = start + o.fed_accepted
@@ -339,6 +400,7 @@ class Walk:
                 small_frontier=o.small_frontier,
                 mid_lag=lag,
                 decisions=decisions,
+                prompt_blocks=len(fresh),
             )
         )
         self.emitted += take

@@ -142,12 +142,14 @@ def _round_rows(
 ) -> list[dict]:
     """Every schedule from every round-table start, priced as execute mode would price it arriving
     with the start's mid lag: the first mid call also forwards the lag (catch-up), as in
-    RoundRecord.counts, with the same tree and frontier counts as the trajectory rows."""
+    RoundRecord.counts, with the same tree and frontier counts as the trajectory rows; the prompt-row
+    blocks it reads are charged where the arrival the lag comes from had not read them."""
     rows = []
     for start, outcomes in sorted(rep.starts.items()):
         depth = len(outcomes[0].signals)
-        lag = rep.start_lags[start]
-        ms = [price_round(profile, _counts(o, depth, lag)) for o in outcomes]
+        lag, seen = rep.start_lags[start], rep.start_blocks[start]
+        counts = [_counts(o, depth, lag, seen) for o in outcomes]
+        ms = [price_round(profile, c) for c in counts]
         tps = [1e3 * (o.accepted + 1) / t for o, t in zip(outcomes, ms, strict=True)]
         best = max(range(len(outcomes)), key=lambda s: (tps[s], -s))
         for s, o in enumerate(outcomes):
@@ -163,6 +165,7 @@ def _round_rows(
                     "verified_nodes": o.verified_nodes,
                     "mid_call_tokens": list(o.mid_tree_tokens),
                     "n_small_steps": depth - len(o.mid_tree_tokens),
+                    "prompt_blocks": counts[s].prompt_blocks,
                     "round_latency_ms": ms[s],
                     "decision_ms": profile.decision_ms,
                     "decision_cold_ms": profile.decision_cold_ms,
@@ -174,7 +177,8 @@ def _round_rows(
     return rows
 
 
-def _counts(o: BranchOutcome, depth: int, lag: int) -> RoundCounts:
+def _counts(o: BranchOutcome, depth: int, lag: int, seen: frozenset[int]) -> RoundCounts:
+    """A round-table round's counts; it computes the prompt-row blocks it reads that `seen` lacks."""
     record = RoundRecord(
         accepted=o.accepted,
         emitted=o.accepted + 1,
@@ -186,6 +190,7 @@ def _counts(o: BranchOutcome, depth: int, lag: int) -> RoundCounts:
         tree_nodes=o.tree_nodes,
         small_frontier=o.small_frontier,
         mid_lag=lag,
+        prompt_blocks=len(o.prompt_blocks - seen),
     )
     return record.counts()
 

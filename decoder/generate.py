@@ -218,6 +218,7 @@ def _speculative(
     while not out.done:
         times = zero_times()
         lag = builder.mid_lag(committed)
+        blocks = ngram.cache.blocks_read
         tree, steps = builder.build(committed, scheduler, times, runtime)
         t0 = clock()
         pruned = tree.prune(verify_budget(tree, cfg))
@@ -243,6 +244,7 @@ def _speculative(
                 tuple(steps),
                 times,
                 lag,
+                ngram.cache.blocks_read - blocks,
             )
         )
     return GenerationResult(out.tokens, rounds, prefill_s, wall() - t_start, out.hit_eos)

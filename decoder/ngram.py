@@ -9,6 +9,8 @@ Contract (token ids only, no torch):
   (refreshed at accepted positions after each verification). The prompt's rows come from a
   `RowSource` (`set_source`: the prefill's, decoder/verify.py) a block at a time, the first time a
   position of the block is read: the drafter reads only the rows its matches continue from.
+  `blocks_read` counts the blocks computed: the decoder records them per round
+  (`RoundStats.prompt_blocks`) and the pricing charges each one output head over a block.
 - `NgramDrafter.propose(suffix)` matches the longest suffix (min_n <= n <= max_n; `min_n` = 2 drops
   one-token matches, the least reliable drafts, so a round without a longer match drafts nothing and
   verifies the root alone, one plain target step) of context + draft path and
@@ -122,6 +124,7 @@ class TargetLogpCache:
         self.entries: list[dict[int, float] | None] = []
         self.floors: list[float] = []
         self._source: RowSource | None = None
+        self.blocks_read = 0  # blocks of rows computed by the source so far (each costs an output head)
 
     def set_source(self, source: RowSource) -> None:
         """Positions source.start.. (with no row yet) take their rows from `source` when first read."""
@@ -150,6 +153,7 @@ class TargetLogpCache:
         src = self._source
         if entry is None and src is not None and src.start <= position < src.start + src.count:
             rows = src.block(position)
+            self.blocks_read += 1
             self.set_rows(rows.start, rows.tokens, rows.logps)
             entry = self.entries[position]
         if entry is None:

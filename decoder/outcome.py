@@ -31,6 +31,7 @@ class RoundStats:
     steps: tuple[StepRecord, ...]
     times: dict[str, float]  # seconds per component
     mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
+    prompt_blocks: int = 0  # blocks of the prompt's top-m rows the round's n-gram steps computed
 
     @property
     def mid_calls(self) -> tuple[bool, ...]:

@@ -9,8 +9,9 @@ from features.tables import TableSpec
 
 SCHEMA_VERSION = "v3"  # v2: per-prompt tokens and priced milliseconds (the bootstrap over prompts);
 # v3: the history's ngram_match_frac (the n-gram lookahead) where mid_calls_frac was
-ROUNDS_VERSION = "v5"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms;
-# v4: decision_cold_ms; v5: each step's signals end with the n-gram lookahead (decoder.state.RECORDED_NAMES)
+ROUNDS_VERSION = "v6"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms;
+# v4: decision_cold_ms; v5: each step's signals end with the n-gram lookahead (decoder.state.RECORDED_NAMES);
+# v6: prompt_blocks (the prompt rows the round computes, in its latency)
 MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
 
 _KEYS = (("report_id", pa.string()), ("pair_id", pa.string()), ("dataset_id", pa.string()))
@@ -72,10 +73,11 @@ def rounds_spec(depth: int) -> TableSpec:
 
     ``prompt_tokens``: the prompt's own length; ``mid_lag``: committed tokens the mid drafter's
     cache lacks at this start (collectors.replay.arrival_lag); ``round_latency_ms`` prices the
-    round as execute mode would with that lag (its first mid call also catches up ``mid_lag``),
-    one scheduler decision per step included; ``decision_ms``: the profile's cost of one decision,
-    ``decision_cold_ms``: its extra once per round that decides (a fixed schedule, deciding nothing,
-    pays neither).
+    round as execute mode would with that lag (its first mid call also catches up ``mid_lag``)
+    and the ``prompt_blocks`` of the prompt's top-m rows it reads that the arrival the lag comes
+    from had not read (collectors.replay.arrival), one scheduler decision per step included;
+    ``decision_ms``: the profile's cost of one decision, ``decision_cold_ms``: its extra once per
+    round that decides (a fixed schedule, deciding nothing, pays neither).
     """
     return TableSpec(
         "rounds",
@@ -91,6 +93,7 @@ def rounds_spec(depth: int) -> TableSpec:
             ("verified_nodes", pa.int16()),
             ("mid_call_tokens", pa.list_(pa.int32())),
             ("n_small_steps", pa.int8()),
+            ("prompt_blocks", pa.int16()),
             ("round_latency_ms", pa.float64()),
             ("decision_ms", pa.float64()),
             ("decision_cold_ms", pa.float64()),

@@ -70,6 +70,7 @@ def synthetic_rounds(
                             "verified_nodes": 64,
                             "mid_call_tokens": [50] * calls,
                             "n_small_steps": depth - calls,
+                            "prompt_blocks": 0,
                             "round_latency_ms": ms,
                             "decision_ms": 0.01,
                             "decision_cold_ms": 0.02,

@@ -81,7 +81,8 @@ MID_COLS, MID_ROWS = (1, 8, 32), (0, 16, 64)
 
 def linear_profile(scale: float = 1.0, **kw) -> LatencyProfile:
     """Hand-made, all times x `scale`: verify 2 + 0.5 n, mid 1 + 0.25 n + 0.01 fed, small step
-    0.1 + 0.02 per frontier node (mean frontier 5), decision 0.01, AR 3, tree 0.3 + 0.002 n."""
+    0.1 + 0.02 per frontier node (mean frontier 5), decision 0.01, AR 3, tree 0.3 + 0.002 n, a block
+    of prompt rows 0.4."""
     fields = dict(
         pair="hand",
         device="cpu",
@@ -105,6 +106,7 @@ def linear_profile(scale: float = 1.0, **kw) -> LatencyProfile:
         decision_ms=scale * 0.01,
         ar_token_ms=scale * 3.0,
         tree_points=tuple((n, scale * (0.3 + 0.002 * n)) for n in (1, 64, 512)),
+        prompt_block_ms=scale * 0.4,
     )
     return LatencyProfile(**{**fields, **kw})
 
@@ -117,6 +119,7 @@ def test_measured_profile_is_sane(measured: LatencyProfile) -> None:
     values = [ms for _, ms in measured.verify_points + measured.tree_points]
     values += [ms for row in measured.mid_grid_ms for ms in row]
     scalars = [measured.decision_ms, measured.ar_token_ms, measured.small_ms(1), measured.mid_end_ms]
+    scalars.append(measured.prompt_block_ms)
     colds = [measured.mid_cold_ms, measured.decision_cold_ms, *(ms for _, ms in measured.verify_cold_points)]
     assert [n for n, _ in measured.verify_cold_points] == [1, 8]  # the grid's smallest, middle, largest
     assert all(math.isfinite(v) and v >= 0 for v in colds)  # extras over warm figures, floored at 0
@@ -284,6 +287,12 @@ def test_price_round_arithmetic() -> None:
     expected = (2 + 0.5 * 10) + mid + (2 * 0.1 + 2 * 5 * 0.02) + 5 * 0.01 + (0.3 + 0.002 * 10)
     assert price_round(prof, bare) == pytest.approx(expected)
     assert price_ar(prof, 7) == pytest.approx(21.0)
+    # blocks of prompt rows computed in the round: 0.4 ms each, in the n-gram part
+    read = dataclasses.replace(bare, prompt_blocks=3)
+    assert round_parts(prof, read)["ngram"] == pytest.approx(round_parts(prof, bare)["ngram"] + 1.2)
+    assert price_round(prof, read) == pytest.approx(expected + 1.2)
+    with pytest.raises(ValueError):
+        RoundCounts(10, (), 5, 5, prompt_blocks=-1)
     with pytest.raises(ValueError):
         RoundCounts(verified_nodes=0, mid_call_tokens=(), small_steps=0, decisions=0)
     with pytest.raises(ValueError):
@@ -507,7 +516,9 @@ def test_median_profile_outvotes_a_pass_hit_by_a_slow_spell() -> None:
 def test_compare_profiles_finds_the_component_that_moved() -> None:
     a = linear_profile()
     same = compare_profiles(a, linear_profile())
-    assert [g.component for g in same] == ["verify", "mid", "mid_end", "small", "decision", "ar", "tree"]
+    assert [g.component for g in same] == [
+        "verify", "mid", "mid_end", "small", "decision", "ar", "tree", "prompt_block"
+    ]  # fmt: skip
     assert all(g.geomean_ratio == pytest.approx(1.0) and g.worst_deviation < 1e-12 for g in same)
     slower = {g.component: g for g in compare_profiles(a, linear_profile(scale=1.1))}
     assert all(g.geomean_ratio == pytest.approx(1.1) for g in slower.values())

@@ -58,6 +58,7 @@ def test_policy_replay_equals_real_decoding(arch: str) -> None:
             assert rep.mid_tree_tokens == tuple(s.mid_tree_tokens for s in mids)
             assert rep.mid_catch_up == sum(s.mid_catch_up for s in mids)
             assert rep.small_steps == len(real.steps) - len(mids)
+            assert rep.prompt_blocks == real.prompt_blocks  # the prompt rows it computed first
         mixed += len({d for *_, d in live.log}) == 2
         lags = {lag for _, history, lag, _ in live.log if not any(history)}
         assert len(lags) > 1  # the lag moves from round to round, so comparing it means something

@@ -58,6 +58,7 @@ def _rounds(drop: int | None = None, at_24: dict = OUTCOME):
                     "verified_nodes": a + 3,
                     "mid_call_tokens": [5] * bits.count("1"),
                     "n_small_steps": bits.count("0"),
+                    "prompt_blocks": 0,
                     "round_latency_ms": ms,
                     "decision_ms": 0.01,
                     "decision_cold_ms": 0.02,

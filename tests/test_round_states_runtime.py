@@ -160,15 +160,16 @@ def test_runtime_vectors_equal_the_round_states(collected, tmp_path):
 
 
 def test_round_table_prices_a_round_as_execute_mode_pays_it_at_that_lag(collected):
-    """Where a fixed schedule's real trajectory passes a round-table start with the lag the table
-    holds there, the table's round latency is that real round's price (catch-up included)."""
+    """Where a fixed schedule's real trajectory passes a round-table start with the lag and the
+    prompt-row blocks to compute the table holds there, the table's round latency is that real
+    round's price (catch-up and the blocks included)."""
     pair, config, profile, prompts, _, rounds = collected
     table = {
-        (p, s, sid): (lag, ms)
-        for p, s, sid, lag, ms in zip(
+        (p, s, sid): ((lag, blocks), ms)
+        for p, s, sid, lag, blocks, ms in zip(
             *(
                 rounds.column(c).to_pylist()
-                for c in ("prompt_id", "start_position", "schedule_id", "mid_lag")
+                for c in ("prompt_id", "start_position", "schedule_id", "mid_lag", "prompt_blocks")
             ),
             rounds.column("round_latency_ms").to_pylist(),
             strict=True,
@@ -182,7 +183,7 @@ def test_round_table_prices_a_round_as_execute_mode_pays_it_at_that_lag(collecte
             start = first_round_start(prompt)
             for rec in records:
                 lag, ms = table.get((p_id, start, sid), (None, None))
-                if lag == rec.mid_lag:
+                if lag == (rec.mid_lag, rec.prompt_blocks):
                     matched += 1
                     caught_up += rec.mid_catch_up > 0
                     assert ms == pytest.approx(price_round(profile, rec.counts()), rel=1e-12)

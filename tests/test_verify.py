@@ -185,3 +185,6 @@ def test_a_decode_computes_prompt_rows_only_for_the_blocks_its_drafter_reads(mon
     assert read_blocks and read_blocks <= {3, 4}
     assert sorted(p // ROW_BLOCK for p in asked) == sorted(read_blocks)  # each read block once, no other
     assert sources[0].blocks_computed == len(read_blocks)
+    # the rounds record each block in the round that computed it (the pricing charges it there)
+    assert sum(r.prompt_blocks for r in got.rounds) == len(read_blocks)
+    assert all(r.prompt_blocks == 0 for r in want.rounds)  # rows set up front: none computed in a round
