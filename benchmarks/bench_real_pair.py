@@ -5,6 +5,7 @@ Usage (after `python -m models.real_pair`, `python -m pipeline.profile --profile
     .venv/bin/python benchmarks/bench_real_pair.py [--profile real-pair] [--pairs NAME ...]
         [--datasets alpaca gsm8k humaneval mt_bench] [--prompts-per-dataset 2]
         [--max-new-tokens 24] [--out artifacts/bench/real_pair]
+        [--methods chosen all-small ...] [--compare all-small@2x2/n2:12 ...]
 
 Prompts: the first --prompts-per-dataset questions of each dataset from evaluate.prompt_start on
 (held back: the budget stage chose B* on the collect slice). Every method decodes every prompt
@@ -18,7 +19,10 @@ each divergence classified by the fp32 target as a near-tie or a real mismatch):
 - all-small, all-mid, 10101: at B* and that shape;
 - all-mid and 10101 again at All-Mid's own best shape and budget (when it is another one);
 - student: the exported scheduler (trained on the zoo pairs only) at B* and the width its tree
-  signals were trained for (W = m = 10), when artifacts/export has one.
+  signals were trained for (W = m = 10), when artifacts/export has one;
+- each --compare POLICY@WxM[/nN]:B: that policy at another shape and budget (say the one the
+  budget stage chose before), in the same interleaved run.
+--methods keeps only the listed ones of the above beside AR (a shorter run).
 The cost breakdown comes from the pair's latency profile: AR step, verify(B* + 1), a mid call of
 1..16 tokens, and the mid/target per-token cost ratio a mid call would need for All-Mid (with its
 measured A here) to match AR. Writes <out>.json and <out>.md.
@@ -31,6 +35,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -71,7 +76,15 @@ SHAPE_KEYS = (
     "speedup_at_max",
     "shapes",
 )
+METHODS = ("chosen", *FIXED, "mid-shape", "student")  # mid-shape: All-Mid and 10101 at All-Mid's own best
 MEASURED = ("tokens_per_s", "speedup_vs_ar", "mean_accepted_length", "mid_call_rate", "n_tokens", "wall_s")
+
+
+def parse_shape(key: str) -> tuple[int, int, int]:
+    """(width, topk, ngram_min_n) of a budget-stage shape key "WxM" or "WxM/nN"."""
+    dims, _, min_n = key.partition("/n")
+    w, m = (int(x) for x in dims.split("x"))
+    return w, m, int(min_n or 1)
 
 
 def chosen_shape(params: Params, pair_id: str) -> dict:
@@ -147,12 +160,17 @@ def markdown(info: dict) -> str:
     c = info["costs"]
     verify = ", ".join(f"{n}: {ms:.0f}" for n, ms in c["verify_ms"].items())
     mid = ", ".join(f"{n}: {ms:.0f}" for n, ms in c["mid_ms"].items())
+    be = info.get("break_even")
     lines += [
         "",
         f"Cost breakdown (profile, ms): AR step {c['ar_token_ms']:.0f}; verify by nodes {{{verify}}}; "
-        f"mid call by new tokens {{{mid}}}; mid/target per token {c['mid_over_target_per_token']:.2f}; "
-        f"{info['break_even']['method']} (A = {info['break_even']['accepted']:.2f}) would match AR at a "
-        f"mid/target cost ratio per call of {info['break_even']['mid_over_target']:.2f}.",
+        f"mid call by new tokens {{{mid}}}; mid/target per token {c['mid_over_target_per_token']:.2f}"
+        + (
+            f"; {be['method']} (A = {be['accepted']:.2f}) would match AR at a mid/target cost ratio per "
+            f"call of {be['mid_over_target']:.2f}."
+            if be
+            else "."
+        ),
     ]
     return "\n".join(lines) + "\n"
 
@@ -204,20 +222,25 @@ def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict
     )
 
     tree = pair_tree(params, pair_id)  # B*, W x m, n-gram min n and any per-round rule
-    methods = [Method(name, name, tree) for name in FIXED]
-    if shape["decode_policy"] != AR:
+    wanted = set(args.methods)
+    methods = [Method(name, name, tree) for name in FIXED if name in wanted]
+    if shape["decode_policy"] != AR and "chosen" in wanted:
         methods.insert(0, Method("chosen", shape["decode_policy"], tree))
     mid_shape, (mid_b, _) = max(
         ((k, v["best"]["all-mid"]) for k, v in shape["shapes"].items()), key=lambda kv: kv[1][1]
     )
-    dims, _, min_n = mid_shape.partition("/n")
-    w, m = (int(x) for x in dims.split("x"))
-    n = int(min_n or 1)
-    if (w, m, n, mid_b) != (tree.width, tree.topk, tree.ngram_min_n, tree.budget):  # at its own best
+    w, m, n = parse_shape(mid_shape)
+    at_own_best = (w, m, n, mid_b) != (tree.width, tree.topk, tree.ngram_min_n, tree.budget)
+    if at_own_best and "mid-shape" in wanted:
         mid_tree = TreeConfig(budget=int(mid_b), width=w, topk=m, ngram_min_n=n)
         methods += [Method(f"{name} @{mid_shape} B={mid_b}", name, mid_tree) for name in ("all-mid", "10101")]
+    for other in args.compare:  # e.g. all-small@2x2/n2:12, another shape side by side
+        policy, shape_b = other.split("@", 1)
+        key, _, b = shape_b.partition(":")
+        w, m, n = parse_shape(key)
+        methods.append(Method(other, policy, TreeConfig(budget=int(b), width=w, topk=m, ngram_min_n=n)))
     student = resolve(params.export.out_dir) / "scheduler.json"
-    if student.is_file():  # the zoo-trained student, on a pair it never saw
+    if student.is_file() and "student" in wanted:  # the zoo-trained student, on a pair it never saw
         sched = load_scheduler(student, tree.depth)  # its tree signals are those of its own width
         w = int(sched.manifest["width"])
         s_tree = dataclasses.replace(tree, width=w, topk=w)
@@ -250,12 +273,13 @@ def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict
     mid_name, mid_budget = next(
         ((n, int(mid_b)) for n in info["methods"] if n.startswith("all-mid @")), ("all-mid", budget)
     )
-    a_mid = info["methods"][mid_name]["mean_accepted_length"]
-    info["break_even"] = {
-        "method": mid_name,
-        "accepted": a_mid,
-        "mid_over_target": break_even_ratio(profile, mid_budget, a_mid, tree.depth),
-    }
+    if mid_name in info["methods"]:
+        a_mid = info["methods"][mid_name]["mean_accepted_length"]
+        info["break_even"] = {
+            "method": mid_name,
+            "accepted": a_mid,
+            "mid_over_target": break_even_ratio(profile, mid_budget, a_mid, tree.depth),
+        }
     log.info("%s: %.0f s", pair_id, seconds)
     return info
 
@@ -268,7 +292,18 @@ def main() -> None:
     parser.add_argument("--prompts-per-dataset", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--out", default="artifacts/bench/real_pair")
+    parser.add_argument(
+        "--methods", nargs="+", choices=METHODS, default=list(METHODS),
+        help="the methods decoded beside AR (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare", nargs="*", default=[], metavar="POLICY@WxM[/nN]:B",
+        help="also decode POLICY at another shape, e.g. all-small@2x2/n2:12 (a previous choice)",
+    )  # fmt: skip
     args = parser.parse_args()
+    for spec in args.compare:
+        if not re.fullmatch(r"[\w-]+@\d+x\d+(/n\d+)?:\d+", spec):
+            parser.error(f"--compare {spec!r}: expected POLICY@WxM[/nN]:B, e.g. all-small@2x2/n2:12")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = load_params(profile=args.profile)
     torch.set_num_threads(params.runtime.torch_threads)
