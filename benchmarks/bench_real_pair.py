@@ -80,11 +80,26 @@ METHODS = ("chosen", *FIXED, "mid-shape", "student")  # mid-shape: All-Mid and 1
 MEASURED = ("tokens_per_s", "speedup_vs_ar", "mean_accepted_length", "mid_call_rate", "n_tokens", "wall_s")
 
 
+COMPARE = re.compile(r"(?P<policy>[\w-]+)@(?P<shape>\d+x\d+(?:/n\d+)?):(?P<budget>\d+)")
+
+
 def parse_shape(key: str) -> tuple[int, int, int]:
-    """(width, topk, ngram_min_n) of a budget-stage shape key "WxM" or "WxM/nN"."""
+    """(width, topk, ngram_min_n) of a budget-stage shape key "WxM" or "WxM/nN" (the inverse of
+    pipeline.budget.shape_key)."""
     dims, _, min_n = key.partition("/n")
     w, m = (int(x) for x in dims.split("x"))
     return w, m, int(min_n or 1)
+
+
+def compare_method(spec: str) -> Method:
+    """The Method of a --compare spec POLICY@WxM[/nN]:B, named by the spec (argparse type)."""
+    match = COMPARE.fullmatch(spec)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected POLICY@WxM[/nN]:B, e.g. all-small@2x2/n2:12")
+    w, m, n = parse_shape(match["shape"])
+    return Method(
+        spec, match["policy"], TreeConfig(budget=int(match["budget"]), width=w, topk=m, ngram_min_n=n)
+    )
 
 
 def chosen_shape(params: Params, pair_id: str) -> dict:
@@ -230,15 +245,11 @@ def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict
         ((k, v["best"]["all-mid"]) for k, v in shape["shapes"].items()), key=lambda kv: kv[1][1]
     )
     w, m, n = parse_shape(mid_shape)
-    at_own_best = (w, m, n, mid_b) != (tree.width, tree.topk, tree.ngram_min_n, tree.budget)
-    if at_own_best and "mid-shape" in wanted:
+    elsewhere = (w, m, n, mid_b) != (tree.width, tree.topk, tree.ngram_min_n, tree.budget)
+    if elsewhere and "mid-shape" in wanted:  # All-Mid's own best is another shape or budget
         mid_tree = TreeConfig(budget=int(mid_b), width=w, topk=m, ngram_min_n=n)
         methods += [Method(f"{name} @{mid_shape} B={mid_b}", name, mid_tree) for name in ("all-mid", "10101")]
-    for other in args.compare:  # e.g. all-small@2x2/n2:12, another shape side by side
-        policy, shape_b = other.split("@", 1)
-        key, _, b = shape_b.partition(":")
-        w, m, n = parse_shape(key)
-        methods.append(Method(other, policy, TreeConfig(budget=int(b), width=w, topk=m, ngram_min_n=n)))
+    methods += args.compare  # other shapes side by side, e.g. a previous choice
     student = resolve(params.export.out_dir) / "scheduler.json"
     if student.is_file() and "student" in wanted:  # the zoo-trained student, on a pair it never saw
         sched = load_scheduler(student, tree.depth)  # its tree signals are those of its own width
@@ -297,13 +308,10 @@ def main() -> None:
         help="the methods decoded beside AR (default: all)",
     )  # fmt: skip
     parser.add_argument(
-        "--compare", nargs="*", default=[], metavar="POLICY@WxM[/nN]:B",
+        "--compare", nargs="*", default=[], metavar="POLICY@WxM[/nN]:B", type=compare_method,
         help="also decode POLICY at another shape, e.g. all-small@2x2/n2:12 (a previous choice)",
     )  # fmt: skip
     args = parser.parse_args()
-    for spec in args.compare:
-        if not re.fullmatch(r"[\w-]+@\d+x\d+(/n\d+)?:\d+", spec):
-            parser.error(f"--compare {spec!r}: expected POLICY@WxM[/nN]:B, e.g. all-small@2x2/n2:12")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = load_params(profile=args.profile)
     torch.set_num_threads(params.runtime.torch_threads)
