@@ -49,12 +49,15 @@ bench-regimes: repro
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_regimes.py
 
 # The real Qwen2.5-Coder pair on this machine (opt-in, not in CI; ~1.4 GB download, ~1 h on 2
-# cores): build it, profile its cost curves, let the budget stage choose its shape (B*, policy or
-# AR), collect a small slice and evaluate it with the default's student (artifacts/real-pair/), then
-# decode held-back prompts side by side in bf16 and fp32 (benchmarks/bench_real_pair.py).
+# cores): build it, time its fp32 models with stock and oneDNN linears side by side
+# (benchmarks/bench_linear.py), profile its cost curves, let the budget stage choose its shape (B*,
+# policy or AR), collect a small slice and evaluate it with the default's student
+# (artifacts/real-pair/), then decode held-back prompts side by side in bf16 and fp32
+# (benchmarks/bench_real_pair.py).
 bench-real-pair: repro
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,ray,real-pair]"
 	HF_HUB_OFFLINE=1 $(PY) -m models.real_pair
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_linear.py
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.profile --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.budget --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.collect --profile real-pair

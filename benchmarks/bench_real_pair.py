@@ -230,7 +230,7 @@ def measure_pair(params: Params, pair_id: str, args: argparse.Namespace) -> dict
     profile = profile_for(params, pair_id)
     spec = params.pairs[pair_id]
     target, mid = params.pair_paths(pair_id)
-    pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device)
+    pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device, linear=spec.linear)
 
     datasets, prompts = held_back_prompts(
         params, pair.tokenizer, spec.template, args.datasets, args.prompts_per_dataset

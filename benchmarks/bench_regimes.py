@@ -76,7 +76,7 @@ def measure_pair(params: Params, name: str, n_prompts: int, max_new: int, max_pr
     """Per dataset and pooled AR / All-Small / All-Mid measurements of one registered pair."""
     spec = params.pairs[name]
     target, mid = params.pair_paths(name)
-    pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device)
+    pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device, linear=spec.linear)
     benches = load_benchmarks(resolve(params.data.out_dir), list(params.data.datasets))
     t0 = time.perf_counter()
     per_dataset = {}

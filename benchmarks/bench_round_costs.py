@@ -78,7 +78,7 @@ def main() -> None:
     torch.set_num_threads(params.runtime.torch_threads)
     spec = params.pairs[args.pair]
     target, mid = params.pair_paths(args.pair)
-    pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device)
+    pair = load_pair(target, mid, dtype=spec.dtype, device=spec.device, linear=spec.linear)
     datasets, prompts = held_back_prompts(
         params, pair.tokenizer, spec.template, args.datasets, args.prompts_per_dataset
     )

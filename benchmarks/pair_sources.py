@@ -48,7 +48,7 @@ def load_named(params: Params, name: str) -> ModelPair:
         return tiny_pair()
     target, mid = params.pair_paths(name)
     spec = params.pairs[name]
-    return load_pair(target, mid, spec.dtype, spec.device)
+    return load_pair(target, mid, spec.dtype, spec.device, spec.linear)
 
 
 def bench_prompts(params: Params, name: str, pair: ModelPair, n: int, max_tokens: int) -> list[list[int]]:

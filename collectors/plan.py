@@ -136,10 +136,10 @@ def load_registered_pair(params: Params, name: str):
 
     target, mid = params.pair_paths(name)
     spec = params.pairs[name]
-    key = (target, mid, spec.dtype, spec.device)
+    key = (target, mid, spec.dtype, spec.device, spec.linear)
     if key not in _LOADED:
         _LOADED.clear()
-        _LOADED[key] = load_pair(target, mid, spec.dtype, spec.device)
+        _LOADED[key] = load_pair(target, mid, spec.dtype, spec.device, spec.linear)
     return _LOADED[key]
 
 

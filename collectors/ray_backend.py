@@ -67,6 +67,7 @@ class PairCheckpoint:
     mid: dict[str, bytes]
     dtype: str
     device: str
+    linear: str
 
 
 class PairWorker:
@@ -77,7 +78,7 @@ class PairWorker:
         with tempfile.TemporaryDirectory(prefix="treegraft-pair-") as tmp:
             target = write_folder(checkpoint.target, Path(tmp) / "target")
             mid = write_folder(checkpoint.mid, Path(tmp) / "mid")
-            self.pair = load_pair(target, mid, checkpoint.dtype, checkpoint.device)
+            self.pair = load_pair(target, mid, checkpoint.dtype, checkpoint.device, checkpoint.linear)
 
     def collect(
         self,
@@ -121,7 +122,8 @@ def _tokenizer(path: Path):
 def _checkpoint(params: Params, pair_id: str) -> ray.ObjectRef:
     target, mid = params.pair_paths(pair_id)
     spec = params.pairs[pair_id]
-    return ray.put(PairCheckpoint(read_folder(target), read_folder(mid), spec.dtype, spec.device))
+    checkpoint = PairCheckpoint(read_folder(target), read_folder(mid), spec.dtype, spec.device, spec.linear)
+    return ray.put(checkpoint)
 
 
 def run_on_ray(

@@ -157,6 +157,7 @@ class PairSpec:
     dtype: str
     device: str
     template: str
+    linear: str  # the models' nn.Linear kernel: decoder.models.LINEAR_KERNELS
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def main(params: Params) -> list[Path]:
     def load(name: str) -> ModelPair:
         target, mid = params.pair_paths(name)
         spec = params.pairs[name]
-        return load_pair(target, mid, spec.dtype, spec.device)
+        return load_pair(target, mid, spec.dtype, spec.device, spec.linear)
 
     with stage_run("profile", params):
         paths = run_profile(params.profile, load, TreeConfig(**dataclasses.asdict(params.tree)))

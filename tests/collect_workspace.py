@@ -51,7 +51,7 @@ def collect_overrides(root: Path, **collect) -> dict:
         "mlflow": {"db": str(root / "mlflow.db")},  # the stages log runs: keep them out of the repo's store
         "data": {"out_dir": str(root / "data")},
         "pairs": {"tiny": {"target": str(root / "pair/target"), "mid": str(root / "pair/mid"),
-                           "dtype": "float32", "device": "cpu", "template": "zoo"}},
+                           "dtype": "float32", "device": "cpu", "template": "zoo", "linear": "stock"}},
         "profile": {"pairs": ["tiny"], "out_dir": str(root / "profile"), "sizes": [1, 16, 64, 160]},
         # every pair at tree.budget unless a test measures budgets (tests/test_budget_stage.py)
         "budget": {"mode": "fixed", "out_dir": str(root / "budget")},

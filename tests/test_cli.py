@@ -89,6 +89,19 @@ def test_cli_budget_caps_the_verified_tree(pair_dir):
     assert small.stdout.split("\n\n")[0] == full.stdout.split("\n\n")[0]
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_cli_onednn_linear_prints_the_same_text(pair_dir):
+    """--linear onednn swaps the models' linear layers: the text (the target's greedy output) stays."""
+    base = ["--target", str(pair_dir / "target"), "--mid", str(pair_dir / "mid"), "--policy", "10101"]
+    prompt = ["--prompt", "def main():\n    return", "--max-new-tokens", "24"]
+    stock, onednn = run_cli(*base, *prompt), run_cli(*base, *prompt, "--linear", "onednn")
+    assert stock.returncode == 0 and onednn.returncode == 0, (stock.stderr, onednn.stderr)
+    assert onednn.stdout.split("\n\n")[0] == stock.stdout.split("\n\n")[0]
+    assert table_of(onednn.stdout)["10101"][-1] == "yes"
+    bad = run_cli(*base, *prompt, "--linear", "mkl")
+    assert bad.returncode == 2 and "invalid choice: 'mkl'" in bad.stderr
+
+
 def greedy_text(folder: Path, ids: list[int], max_new: int) -> str:
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)

@@ -46,7 +46,7 @@ def eval_params(root: Path, workers: int) -> Params:
     base = params_for(root)
     pairs = {
         name: {"target": str(root / "pair/target"), "mid": str(root / mid), "dtype": "float32",
-               "device": "cpu", "template": "zoo"}
+               "device": "cpu", "template": "zoo", "linear": "stock"}
         for name, mid in (("tiny", "pair/mid"), ("tiny-w", "pair-w/mid"))
     }  # fmt: skip
     overrides = {
@@ -126,7 +126,7 @@ def test_the_costliest_groups_are_handed_out_first(tmp_path) -> None:
             (tmp_path / name / part).mkdir(parents=True)
             (tmp_path / name / part / "model.safetensors").write_bytes(b"x" * size)
         pairs[name] = {"target": str(tmp_path / name / "target"), "mid": str(tmp_path / name / "mid"),
-                       "dtype": "float32", "device": "cpu", "template": "zoo"}  # fmt: skip
+                       "dtype": "float32", "device": "cpu", "template": "zoo", "linear": "stock"}  # fmt: skip
     params = load_params(profile="smoke", overrides={"pairs": pairs})
     groups = [
         [("small", "a")],

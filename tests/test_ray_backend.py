@@ -58,7 +58,7 @@ def cluster():
 def params_for(root: Path, name: str, **collect_overrides):
     pairs = {
         p: {"target": str(root / p / "target"), "mid": str(root / p / "mid"), "dtype": "float32",
-            "device": "cpu", "template": "zoo"}
+            "device": "cpu", "template": "zoo", "linear": "stock"}
         for p in PAIRS
     }  # fmt: skip
     return load_params(
