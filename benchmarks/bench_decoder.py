@@ -32,7 +32,7 @@ from decoder.generate import _speculative, generate
 from decoder.models import make_pair
 from decoder.ngram import NgramDrafter
 from decoder.policies import FixedSchedule, parse_policy
-from decoder.tensors import QueryBlock, additive_mask, causal_block, compact_cache, forward_block
+from decoder.tensors import ROW_BLOCK, QueryBlock, additive_mask, causal_block, compact_cache, forward_block
 from decoder.timing import zero_times
 from decoder.tree import DraftTree
 from decoder.verify import Prefill, TopLogps, Verdict
@@ -133,6 +133,21 @@ def bench_overhead(prompt_len: int = 200, new_tokens: int = 96) -> dict[str, flo
 CONTEXTS = (1024, 8192, 32768)
 
 
+class TextRows:
+    """The prompt's rows as the real prefill hands them to the loop (decoder.verify.PromptRows: a
+    block of ROW_BLOCK positions, aligned to position 0, when first read), cut from precomputed
+    lists instead of an output head."""
+
+    def __init__(self, tokens: list[list[int]], logps: list[list[float]]) -> None:
+        self.tokens, self.logps = tokens, logps
+        self.start = 0
+        self.count = len(tokens)
+
+    def block(self, position: int) -> TopLogps:
+        lo = position - position % ROW_BLOCK
+        return TopLogps(lo, self.tokens[lo : lo + ROW_BLOCK], self.logps[lo : lo + ROW_BLOCK])
+
+
 class TextVerifier:
     """Stands in for the target in the real speculative loop: no forward, the text's own next
     tokens as the target's greedy choice. The KV cache is a real DynamicCache of `layers` x
@@ -154,15 +169,21 @@ class TextVerifier:
         kv_heads: int = 2,
         head_dim: int = 64,
         flush_mb: int = 96,
+        row_span: int | None = None,
     ):
         self.text = text
         self.flush = torch.ones(flush_mb << 18)  # float32: flush_mb MB
         self.shape = (1, kv_heads, head_dim)
         self.layers = layers
         self.cache = DynamicCache()
+        # The target's rows are drawn for `row_span` positions and the text takes the last of them: texts
+        # that end at the same point (the contexts of bench_context_rounds) share the rows of every
+        # position they share, so the same continuation drafts the same trees.
+        span = max(row_span or 0, len(text))
         rng = np.random.default_rng(0)
-        self.rows = rng.integers(0, 4096, size=(len(text), topk)).tolist()
-        self.logps = np.sort(rng.normal(-3, 1, size=(len(text), topk)))[:, ::-1].tolist()
+        self.rows = rng.integers(0, 4096, size=(span, topk))[span - len(text) :].tolist()
+        logps = np.sort(rng.normal(-3, 1, size=(span, topk)))[:, ::-1]
+        self.logps = logps[span - len(text) :].tolist()
         self.compact_s: list[float] = []
 
     def _grow(self, n: int) -> None:
@@ -176,7 +197,7 @@ class TextVerifier:
         self._grow(n)
         logits = torch.zeros(max(self.text) + 1)
         logits[self.text[n]] = 1.0  # the continuation's first token, as the target would pick it
-        return Prefill(TopLogps(0, self.rows[:n], self.logps[:n]), logits)
+        return Prefill(TextRows(self.rows[:n], self.logps[:n]), logits)
 
     def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict:
         prefix = self.cache.get_seq_length()
@@ -225,7 +246,7 @@ def bench_context_rounds(
         for ctx in contexts:
             start = cut - ctx if window is None else cut - min(window, ctx)
             text_l = [t + vocab for t in text[cut - ctx : start]] + text[start:]
-            verifier = TextVerifier(text_l, config.tree.topk)
+            verifier = TextVerifier(text_l, config.tree.topk, row_span=len(text))
             res = _speculative(pair, text_l[:ctx], schedule, config, None, True, verifier)
             s = samples[ctx]
             s["over"] += [sum(r.times[k] for k in ("ngram", "scheduler", "tree")) for r in res.rounds]
