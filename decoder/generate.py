@@ -17,13 +17,11 @@ The `ddtree` policy (GRAFT) drafts with a `BlockProposer` instead: each round on
 config.block.budget nodes from the proposer's per-position marginals, verified by the same
 TargetVerifier (which then also keeps the target features the proposer reads, if any).
 
-CLI: `python -m decoder.generate --target PATH [--mid PATH] --prompt TEXT --policy 10101`.
+The command line is decoder/cli.py (`python -m decoder --target PATH [--mid PATH] --prompt TEXT`).
 """
 
 from __future__ import annotations
 
-import math
-import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -34,12 +32,12 @@ from decoder.block import BlockProposer
 from decoder.block_decode import ddtree_generate
 from decoder.block_proposers import CausalLMProposer
 from decoder.budget import verify_budget
-from decoder.config import DecodeConfig, TreeConfig
+from decoder.config import DecodeConfig
 from decoder.construct import RoundBuilder
 from decoder.device_rows import next_token
 from decoder.edge_scorer import EdgeScorer
 from decoder.mid import MidDrafter
-from decoder.models import LINEAR_KERNELS, ModelPair, check_supported, context_of
+from decoder.models import ModelPair, check_supported, context_of
 from decoder.ngram import NgramDrafter
 from decoder.outcome import GenerationResult, Output, RoundStats
 from decoder.policies import (
@@ -309,85 +307,3 @@ def encode_prompt(tokenizer: object, text: str, raw: bool = False) -> list[int]:
     else:
         ids = tokenizer(text)["input_ids"]
     return [int(t) for t in ids]
-
-
-def _parse_args(argv: list[str] | None):
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m decoder.generate", description=__doc__.split("\n")[0])
-    p.add_argument("--target", required=True, help="local folder of the target checkpoint")
-    p.add_argument("--mid", help="local folder of the mid drafter (same tokenizer as the target)")
-    p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument(
-        "--policy", default="all-small", help="ar | ddtree | all-small | all-mid | a bit string like 10101"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--budget",
-        type=int,
-        default=TreeConfig().budget,
-        help="verified tree nodes besides the root (the budget stage's B* for a pair; small on CPUs)",
-    )
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--linear",
-        choices=LINEAR_KERNELS,
-        default="stock",
-        help="nn.Linear kernel: onednn (CPU) prepacks the weights; on a 2-core CPU it halves an fp32 step",
-    )
-    p.add_argument("--raw", action="store_true", help="do not apply the tokenizer's chat template")
-    p.add_argument("--no-compare", action="store_true", help="skip the side-by-side autoregressive run")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Decode one prompt, print the text and a stats table against autoregressive decoding.
-
-    Exit status 2 with one `error: ...` line on stderr for bad input (flags, paths, prompts that do
-    not fit, models that cannot be used); argparse reports malformed flags the same way.
-    """
-    from decoder.measure import Method, format_table, policy_name, run_side_by_side, summarise_results
-    from decoder.models import load_pair
-
-    args = _parse_args(argv)
-    try:
-        if not math.isfinite(args.temperature):
-            raise ValueError(f"--temperature must be a finite number, got {args.temperature}")
-        if args.budget < 1:
-            raise ValueError(f"--budget must be a positive number of tree nodes, got {args.budget}")
-        tree = TreeConfig(budget=args.budget)
-        config = DecodeConfig(args.max_new_tokens, args.temperature, args.seed, tree)
-        parsed = parse_policy(args.policy, config.tree.depth)
-        if uses_mid(parsed) and args.mid is None:
-            raise ValueError(f"policy {args.policy!r} calls the mid drafter: pass --mid PATH")
-        mid = args.mid if parsed != AR else None
-        pair = load_pair(args.target, mid, args.dtype, args.device, args.linear)
-        tok = pair.tokenizer
-        ids = encode_prompt(tok, args.prompt, raw=args.raw)
-        check_prompt(pair, ids, config, parsed)
-        if args.no_compare:
-            res = generate(pair, ids, args.policy, config, timing=False)
-            print(tok.decode(res.new_tokens))
-            print(
-                f"{len(res.new_tokens)} tokens in {res.wall_s:.3f} s = {res.tokens_per_s:.1f} tok/s, "
-                f"A = {res.mean_accepted_length:.2f}"
-            )
-            return 0
-        name = policy_name(args.policy)
-        results = run_side_by_side(pair, [ids], [Method(name, args.policy)], config, timing=False)
-        rows = summarise_results(results, config.temperature)
-        res = results[name][0]
-    except (ValueError, OSError, TypeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(tok.decode(res.new_tokens))
-    print()
-    print(format_table(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

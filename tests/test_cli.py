@@ -1,4 +1,4 @@
-"""`python -m decoder.generate` on checkpoints saved to disk: text, stats table, clear errors."""
+"""`python -m decoder` (decoder/cli.py) on checkpoints saved to disk: text, stats table, clear errors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from conftest import save_pair, train_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from decoder.generate import encode_prompt, main
+from decoder.cli import main
+from decoder.generate import encode_prompt
 from decoder.templates import jinja_chat_template
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ def chat_dir(tmp_path_factory):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "decoder.generate", *args],
+        [sys.executable, "-m", "decoder", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -87,6 +88,22 @@ def test_cli_budget_caps_the_verified_tree(pair_dir):
     assert 0 < a_small <= 1.0 < a_full
     assert table_of(small.stdout, "all-mid")["all-mid"][-1] == "yes"
     assert small.stdout.split("\n\n")[0] == full.stdout.split("\n\n")[0]
+
+
+def test_cli_tree_shape_flags_reach_the_tree(pair_dir):
+    """--width 1 --topk 1 leaves the mid drafter one chain of depth D = 5 per round (the n-gram
+    drafter's chains need a match, which a 24-token run rarely has), so at most 5 drafted tokens are
+    accepted a round; the same text as the default 10 x 10 tree, which accepts more. --ngram-min-n 2
+    is taken (a bad value is refused by name in test_cli_bad_input)."""
+    base = ["--target", str(pair_dir / "target"), "--mid", str(pair_dir / "mid"), "--policy", "all-mid"]
+    prompt = ["--prompt", "def main():\n    return", "--max-new-tokens", "24"]
+    chain = run_cli(*base, *prompt, "--width", "1", "--topk", "1", "--ngram-min-n", "2")
+    wide = run_cli(*base, *prompt)
+    assert chain.returncode == 0 and wide.returncode == 0, (chain.stderr, wide.stderr)
+    rows = table_of(chain.stdout, "all-mid")["all-mid"], table_of(wide.stdout, "all-mid")["all-mid"]
+    assert rows[0][-1] == rows[1][-1] == "yes"
+    assert float(rows[0][4]) <= 5 and float(rows[0][4]) < float(rows[1][4])
+    assert chain.stdout.split("\n\n")[0] == wide.stdout.split("\n\n")[0]
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -142,6 +159,9 @@ def test_cli_on_a_chat_tokenizer(chat_dir, raw):
         (["--prompt", ""], "prompt is empty"),
         (["--max-new-tokens", "0"], "max_new_tokens must be positive"),
         (["--budget", "0"], "--budget must be a positive number of tree nodes"),
+        (["--width", "0"], "--width must be a positive number of tree nodes"),
+        (["--topk", "-2"], "--topk must be a positive number of tree nodes"),
+        (["--ngram-min-n", "6"], "--ngram-min-n must be in 1..5"),
     ],
 )
 def test_cli_bad_input(pair_dir, args, message):
