@@ -16,12 +16,21 @@ Contract:
 - :func:`rule_speedup` is the same pooled priced speedup for a per-round budget rule
   (decoder/block_budget.py), each prompt walked under the rule; the pipeline fits the rule's node
   model on these walkers' node rows (models/gain_fit.py) and picks its cap by it.
+- Per task: :func:`arm_totals` prices one prompt's walks under every arm of :func:`choice_arms`
+  (each fixed B with and without TDES, and the pair's per-round rules); :func:`best_arm` is the arm
+  with the most summed tokens per summed priced ms over a set of prompts;
+  :func:`left_out_speedups` prices every collect prompt at the arm chosen without it, on the other
+  prompts of its own task and on all other prompts: the out-of-fold comparison that decides whether
+  a pair's budget is chosen per task or once for all tasks.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from collectors.graft_costs import GraftCosts
 from collectors.graft_eval import ArmRun, BudgetWalker, Round, decode_arm, lossless_gate
@@ -134,3 +143,55 @@ def rule_speedup(
     if not walkers:
         raise ValueError("the budget rule needs at least one walked collect prompt")
     return pooled_speedup([w.ruled(rule) for w in walkers], price, ar_token_ms)
+
+
+Arm = tuple[int, bool, BlockBudgetRule | None]  # (B, or the rule's cap; TDES; per-round rule or None)
+
+
+def choice_arms(b_max: int, rules: Sequence[BlockBudgetRule | None] = (None, None)) -> list[Arm]:
+    """What a task's budget is chosen among: every fixed B in 1..b_max without and with TDES (B
+    ascending, plain first), then the per-round rules by marginals and by TDES (None: left out)."""
+    arms: list[Arm] = [(b, tdes, None) for b in range(1, b_max + 1) for tdes in (False, True)]
+    return arms + [(r.cap, tdes, r) for tdes, r in zip((False, True), rules, strict=True) if r is not None]
+
+
+def arm_totals(walks: ChoiceWalks, costs: GraftCosts, arms: Sequence[Arm]) -> np.ndarray:
+    """(len(arms), 2): (emitted tokens, priced ms) of one prompt walked under each arm."""
+    out = np.zeros((len(arms), 2))
+    for i, (budget, tdes, rule) in enumerate(arms):
+        walker = walks.tdes if tdes else walks.plain
+        if rule is None:
+            out[i] = priced_totals(walker.fixed(budget), functools.partial(round_price, costs, tdes, False))
+        else:
+            out[i] = priced_totals(walker.ruled(rule), functools.partial(rule_price, costs, tdes, rule.cap))
+    return out
+
+
+def best_arm(totals: np.ndarray) -> int:
+    """The arm (index) with the most summed tokens per summed priced ms over the prompts of
+    ``totals`` (:func:`arm_totals` stacked on a first axis); ties: the first in :func:`choice_arms`
+    order (the smaller B, then without TDES)."""
+    if totals.ndim != 3 or not len(totals):
+        raise ValueError(f"best_arm needs the arm totals of >= 1 prompt, got shape {totals.shape}")
+    summed = totals.sum(axis=0)
+    if not (summed[:, 1] > 0).all():
+        raise ValueError("an arm has no priced rounds on these prompts")
+    return int(np.argmax(summed[:, 0] / summed[:, 1]))
+
+
+def left_out_speedups(tasks: dict[str, np.ndarray], ar_token_ms: float) -> tuple[float, float]:
+    """(per task, pooled): the priced speedup over every collect prompt, each priced at the arm
+    :func:`best_arm` chooses without it, on its task's other prompts (per task) or on every other
+    prompt (pooled). ``tasks``: task -> its prompts' stacked :func:`arm_totals`, >= 2 prompts each."""
+    if not tasks or min(len(t) for t in tasks.values()) < 2:
+        sizes = {k: len(v) for k, v in tasks.items()}
+        raise ValueError(f"leaving a prompt out needs >= 2 prompts per task, got {sizes}")
+    everything = np.concatenate(list(tasks.values()))
+    got = {"task": np.zeros(2), "pooled": np.zeros(2)}
+    offset = 0
+    for prompts in tasks.values():
+        for i in range(len(prompts)):
+            for key, pool, at in (("task", prompts, i), ("pooled", everything, offset + i)):
+                got[key] += pool[at, best_arm(np.delete(pool, at, axis=0))]
+        offset += len(prompts)
+    return tuple(float(t * ar_token_ms / ms) for t, ms in (got["task"], got["pooled"]))  # type: ignore[return-value]

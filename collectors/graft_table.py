@@ -23,7 +23,7 @@ ROWS = (
     ("graft_learned", "DDTree + TDES + learned B"),
     ("rule", "DDTree + learned per-round B"),
     ("graft_rule", "DDTree + TDES + learned per-round B"),
-    ("full", "full GRAFT: TDES + the learned budget chosen on collect prompts"),
+    ("full", "full GRAFT: the learned budget, TDES on or off, chosen on collect prompts"),
 )
 
 

@@ -11,7 +11,7 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
 3. DDTree + TDES at the same B,
 4. DDTree + SABA (the paper's rule on this stage's cost line; one budget per pair) without and with
    TDES (GRAFT with the paper's budget),
-5. DDTree at a learned B, without and with TDES (the latter is full GRAFT with a learned budget):
+5. DDTree at a learned B, without and with TDES:
    one B per pair, chosen before any held-back prompt is read, on the collect prompts of the
    fitting datasets (collectors/graft_budget.py) by the same exact walk and the same prices, as the
    B with the most tokens per priced ms over them all. The TDES scorer there is the exported one,
@@ -20,9 +20,16 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
 6. DDTree with a learned per-round budget, without and with TDES: each round's B_t from its own
    tree by a node acceptance model and the cost curve (decoder/block_budget.py), fitted and its
    cap chosen on the same collect prompts (models/budget_rule.py).
-7. Full GRAFT: TDES with the learned budget, row 5's fixed B or row 6's per-round rule, whichever
-   prices faster on those collect prompts out of fold (each fitting dataset's prompts priced under
-   the budget chosen on the others; models/budget_rule.py), before any held-back prompt is read.
+7. Full GRAFT: the learned budget, chosen before any held-back prompt is read, per task where
+   that prices faster on the collect prompts out of fold. Per task: each fitting dataset gets the
+   fixed B, with or without TDES, with the most tokens per priced ms on its own collect prompts
+   (TDES stays off where its scoring costs more than the tokens it adds). Once for all tasks: TDES
+   with row 5's fixed B or row 6's per-round rule, whichever prices faster out of fold by dataset
+   (each fitting dataset's prompts priced under the budget chosen on the others;
+   models/budget_rule.py). Per task is used when, leaving each collect prompt out in turn, the arm
+   chosen on its task's other prompts prices it faster in sum than the arm chosen on all other
+   prompts (collectors/graft_budget.py, left_out_speedups); held-out tasks, with no collect prompts,
+   take the choice made once for all tasks.
 
 Every row's rounds on every prompt come from the exact walks of the prompt's output
 (collectors/graft_eval.py, BudgetWalker: by marginals and TDES-ranked, at a fixed B or under a
@@ -45,7 +52,19 @@ import json
 import logging
 import time
 
-from collectors.graft_budget import choice_specs, learned_budget, round_price, rule_price, walk_choice_prompt
+import numpy as np
+
+from collectors.graft_budget import (
+    arm_totals,
+    best_arm,
+    choice_arms,
+    choice_specs,
+    learned_budget,
+    left_out_speedups,
+    round_price,
+    rule_price,
+    walk_choice_prompt,
+)
 from collectors.graft_costs import GraftCosts, measure_costs
 from collectors.graft_eval import decode_ar, decode_arm
 from collectors.graft_table import ROWS, markdown, markdown_wall, row_stats
@@ -137,10 +156,21 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         "rule": (rules["plain"].cap, False, rules["plain"]),
         "graft_rule": (rules["tdes"].cap, True, rules["tdes"]),
     }  # fmt: skip
-    arms["full"] = arms["graft_rule" if choice["tdes"]["use_rule"] else "graft_learned"]
+    once = arms["graft_rule" if choice["tdes"]["use_rule"] else "graft_learned"]  # full GRAFT, all tasks
+    per_task = choice["per_task"]["arms"] if choice["per_task"]["use"] else {}
     n_wall = min(cfg.wall_prompts_per_cell, cfg.prompts_per_cell)
-    cells, checked, decodes = [], 0, 0
+    cells, checked, decodes, full_by_dataset = [], 0, 0, {}
     for dataset, dataset_prompts in prompts.items():
+        task = per_task.get(dataset)
+        if task is None:
+            arms["full"] = once
+        elif task["rule"]:
+            arms["full"] = arms["graft_rule" if task["tdes"] else "rule"]
+        else:
+            arms["full"] = (task["budget"], task["tdes"], None)
+        budget, tdes, rule = arms["full"]
+        full_by_dataset[dataset] = {"budget": budget, "tdes": tdes, "rule": rule is not None,
+                                    "per_task": task is not None}  # fmt: skip
         runs: dict[str, list] = {key: [] for key in arms}  # walked rounds, every prompt
         decoded: dict[str, list] = {key: [] for key in arms}  # real decodes, the first n_wall prompts
         walks, ar_runs = [], []
@@ -199,7 +229,8 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         )  # fmt: skip
     summary = {
         "drafter_id": drafter_id,
-        "budgets": {k: v[0] for k, v in arms.items()},
+        "budgets": {k: v[0] for k, v in arms.items() if k != "full"},
+        "full_by_dataset": full_by_dataset,
         "overhead_ms_at_rule_cap": costs.rule_overhead_ms(rules["tdes"].cap),
         "learned_budget": choice,
         "saba_line_ms": list(costs.saba_line(b_max, False)),
@@ -248,6 +279,16 @@ def choose_budgets(
                      "collect_speedup_at_fixed_budget": curve[edges.budget - 1], "rule": rule_summary,
                      "oof_speedup_fixed": oof[0], "oof_speedup_rule": oof[1],
                      "use_rule": oof[1] > oof[0]}  # fmt: skip
+    arms = choice_arms(cfg.budget_max, (rules["plain"], rules["tdes"]))
+    tasks = {s.dataset_id: np.stack([arm_totals(w, costs, arms) for w in g])
+             for s, g in zip(specs, groups, strict=True)}  # fmt: skip
+    out["per_task"] = {"arms": {}, "use": False}
+    for task, totals in tasks.items():
+        budget, tdes, rule = arms[best_arm(totals)]
+        out["per_task"]["arms"][task] = {"budget": budget, "tdes": tdes, "rule": rule is not None}
+    if len(tasks) >= 2 and min(len(t) for t in tasks.values()) >= 2:
+        by_task, pooled = left_out_speedups(tasks, costs.ar_token_ms)
+        out["per_task"].update(left_out_speedup=by_task, left_out_speedup_pooled=pooled, use=by_task > pooled)
     out["prompts"] = len(walks)
     out["questions"] = {s.dataset_id: [s.prompt_start, s.prompt_stop] for s in specs}
     out["seconds"] = time.perf_counter() - t0

@@ -112,6 +112,16 @@ def learned_budget_line(metrics: dict) -> str:
     line = f"Learned budgets: {budgets}. Mean priced speedup over the cells: {means}."
     if rules:
         line += f" Per-round rule with TDES, on the collect prompts out of fold: {rules}."
+    tasks = "; ".join(
+        per_task_words(k, c["per_task"])
+        for k, c in chosen.items()
+        if "left_out_speedup" in c.get("per_task", {})
+    )
+    if tasks:
+        line += (
+            " Full GRAFT's budget per task or once for all tasks, each collect prompt priced at the "
+            f"choice made without it: {tasks}."
+        )
     if walls:
         line += f" Mean wall-clock speedup: {walls}."
     return line
@@ -122,16 +132,31 @@ def rule_words(pair_id: str, choice: dict) -> str:
     used = "per-round rule" if choice["use_rule"] else "fixed B"
     return (
         f"{pair_id} cap {rule['cap']}, {choice['oof_speedup_rule']:.3f}x vs fixed B "
-        f"{choice['oof_speedup_fixed']:.3f}x, full GRAFT uses the {used}"
+        f"{choice['oof_speedup_fixed']:.3f}x, full GRAFT chosen once for all tasks uses the {used}"
     )
 
 
+def per_task_words(pair_id: str, task: dict) -> str:
+    """Whether a pair's full GRAFT chose per task, and each task's arm when it did."""
+    head = (
+        f"{pair_id} {task['left_out_speedup']:.3f}x per task vs {task['left_out_speedup_pooled']:.3f}x once"
+    )
+    if not task["use"]:
+        return head + ", chosen once"
+
+    def arm(a: dict) -> str:
+        what = f"per-round rule (cap {a['budget']})" if a["rule"] else f"B = {a['budget']}"
+        return what + (" + TDES" if a["tdes"] else " without TDES")
+
+    return head + ", per task (" + ", ".join(f"{t}: {arm(a)}" for t, a in task["arms"].items()) + ")"
+
+
 def graft_checks_line(metrics: dict) -> str:
-    """The issue's done-when targets as measured; full GRAFT is TDES + the learned budget."""
+    """The issue's done-when targets as measured; full GRAFT is the learned budget with TDES on or off."""
     return (
-        f"Over {metrics['n_cells']} cells: full GRAFT (TDES + learned B) >= DDTree at its best fixed B in "
-        f"hindsight on {metrics['full_graft_at_least_hindsight']:.0%} (GRAFT with SABA's budget on "
-        f"{metrics['graft_at_least_hindsight']:.0%}, TDES + the per-round rule on "
+        f"Over {metrics['n_cells']} cells: full GRAFT (learned B, TDES on or off) >= DDTree at its best "
+        f"fixed B in hindsight on {metrics['full_graft_at_least_hindsight']:.0%} (GRAFT with SABA's budget "
+        f"on {metrics['graft_at_least_hindsight']:.0%}, TDES + the per-round rule on "
         f"{metrics['graft_rule_at_least_hindsight']:.0%}); learned B "
         f"{yes(metrics['learned_at_least_saba_on_mean'])} SABA's rule on the mean (with TDES: "
         f"{yes(metrics['full_graft_at_least_saba_graft_on_mean'])}); "

@@ -14,7 +14,14 @@ from test_edges import tiny_edges_params, workspace  # noqa: F401  (the module f
 from test_lossless import EOS, prompts, reference
 
 from collectors.edges import RecordingProposer, tree_match
-from collectors.graft_budget import choice_specs, learned_budget
+from collectors.graft_budget import (
+    ChoiceWalks,
+    arm_totals,
+    best_arm,
+    choice_arms,
+    choice_specs,
+    learned_budget,
+)
 from collectors.graft_costs import GraftCosts, measure_costs
 from collectors.graft_eval import BudgetWalker, Round, decode_arm, lossless_gate
 from collectors.latency import LatencyProfile, load_profile, save_profile
@@ -112,6 +119,11 @@ def test_the_learned_budget_follows_the_price_of_a_node(pair) -> None:
 
         budget, curve = learned_budget(walks, price, costs.ar_token_ms, 16)
         assert len(curve) == 16 and curve[budget - 1] == max(curve)
+        # the per-task choice over the same walks, TDES arms the same walker at no extra cost: it
+        # ties each plain arm and loses the tie, so it picks the plain arm at the learned B
+        arms = choice_arms(16)
+        totals = np.stack([arm_totals(ChoiceWalks(w, w, None), costs, arms) for w in walks])  # type: ignore[arg-type]
+        assert arms[best_arm(totals)] == (budget, False, None)
         per_round = [sum(len(w.fixed(b)) for w in walks) for b in range(1, 17)]
         if verify[1][1] == 1.0:  # every round costs the same: fewest rounds wins, smallest such B
             assert budget == 1 + per_round.index(min(per_round)) and budget > 1
@@ -237,6 +249,9 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
     choice = metrics["pairs"]["tiny"]["learned_budget"]
     # chosen on the collect slice of the fitting edges datasets only: "chat" is held out
     assert choice["questions"] == {"code": [0, 1]} and choice["prompts"] == 1
+    # one fitting task of one prompt: nothing to leave out, so full GRAFT's budget is chosen once
+    assert choice["per_task"]["use"] is False and set(choice["per_task"]["arms"]) == {"code"}
+    assert not any(v["per_task"] for v in metrics["pairs"]["tiny"]["full_by_dataset"].values())
     for c in cells:
         rows = c["rows"]
         assert rows["learned"]["budget"] == choice["plain"]["budget"]
@@ -263,7 +278,7 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
     table = (workspace / "graft" / "graft.md").read_text()
     assert (
         "learned B" in table
-        and "full GRAFT: TDES + the learned budget chosen on collect prompts, wall |" in table
+        and "full GRAFT: the learned budget, TDES on or off, chosen on collect prompts, wall |" in table
     )
     # every decoded row (not the walked hindsight row) has a wall-clock speedup against AR
     for c in cells:
@@ -297,3 +312,30 @@ def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None
     params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
     with pytest.raises(ValueError, match="held-back prompts must stay unseen"):
         choice_specs(params, "tiny")
+
+
+def test_full_graft_chooses_per_task_by_leaving_collect_prompts_out(workspace) -> None:  # noqa: F811
+    """Two fitting tasks of two collect prompts each: every task gets its arm, and the per-task
+    choice is used exactly when it prices the left-out prompts faster than the pooled choice."""
+    graft = {"out_dir": str(workspace / "graft"), "budget_max": 20, "rule_caps": [4, 20]}
+    held_back = {"datasets": ["code", "chat"], "held_out_datasets": [], "prompt_start": 2}
+    params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
+    if not (workspace / "fit" / "scorers" / "tiny").exists():
+        collect_edges.main(stage_params("collect_edges", params))
+        fit_edges.main(stage_params("fit_edges", params))
+    pair = load_registered_pair(params, "tiny")
+    drafter = load_block_drafter(workspace / "zoo" / "block-tiny", pair.target)
+    scorer, _ = load_edge_scorer(
+        workspace / "fit" / "scorers" / "tiny", vocab_size=pair.vocab_size, k=drafter.k
+    )
+    # verification grows with the tree: neither the largest nor the smallest B wins by default
+    costs = priced_costs(((1, 1.0), (8, 1.5), (21, 4.0)))
+    choice, rules = evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs)
+    task = choice["per_task"]
+    assert choice["questions"] == {"code": [0, 2], "chat": [0, 2]} and set(task["arms"]) == {"code", "chat"}
+    assert task["use"] == (task["left_out_speedup"] > task["left_out_speedup_pooled"])
+    for arm in task["arms"].values():
+        if arm["rule"]:
+            assert arm["budget"] == rules["tdes" if arm["tdes"] else "plain"].cap
+        else:
+            assert 1 <= arm["budget"] <= 20

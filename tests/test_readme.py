@@ -86,8 +86,27 @@ def test_learned_budget_line_says_which_budget_full_graft_uses():
     pairs = {"zoo-m": {"learned_budget": {"plain": {"budget": 12}, "tdes": tdes}}}
     metrics = {"pairs": pairs, "mean_speedup": {"full": 1.5}, "mean_wall_speedup": {"full": 1.25}}
     line = learned_budget_line(metrics)
-    assert "zoo-m cap 16, 1.010x vs fixed B 1.040x, full GRAFT uses the fixed B" in line
+    assert (
+        "zoo-m cap 16, 1.010x vs fixed B 1.040x, full GRAFT chosen once for all tasks uses the fixed B"
+        in line
+    )
     assert "Mean wall-clock speedup: full 1.25x" in line
+
+
+def test_learned_budget_line_says_whether_full_graft_chose_per_task():
+    arms = {"alpaca": {"budget": 16, "tdes": True, "rule": False},
+            "gsm8k": {"budget": 8, "tdes": False, "rule": False},
+            "sum": {"budget": 16, "tdes": True, "rule": True}}  # fmt: skip
+    task = {"arms": arms, "use": True, "left_out_speedup": 1.4, "left_out_speedup_pooled": 1.39}
+    once = {**task, "use": False, "left_out_speedup": 1.7, "left_out_speedup_pooled": 1.8}
+    pairs = {name: {"learned_budget": {"plain": {"budget": 9}, "tdes": {"budget": 10}, "per_task": t}}
+             for name, t in (("zoo-m", task), ("zoo-x", once))}  # fmt: skip
+    line = learned_budget_line({"pairs": pairs, "mean_speedup": {"full": 1.5}})
+    assert (
+        "zoo-m 1.400x per task vs 1.390x once, per task (alpaca: B = 16 + TDES, gsm8k: B = 8 without TDES, "
+        "sum: per-round rule (cap 16) + TDES)" in line
+    )
+    assert "zoo-x 1.700x per task vs 1.800x once, chosen once" in line
 
 
 def test_pricing_line_sets_both_profiles_and_the_drift_side_by_side():
