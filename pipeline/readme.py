@@ -87,7 +87,9 @@ def graft_section(params: Params) -> list[str]:
         "TDES choice uses the exported scorer, fitted on those same prompts. The learned per-round B "
         "fits a node acceptance model on the same prompts and verifies, each round, the B of the most "
         "expected tokens minus rate x priced ms (its cap is the row's B, n its mean verified nodes). "
-        "Full GRAFT takes whichever learned budget prices faster on the collect prompts out of fold. "
+        "Full GRAFT takes whichever learned budget prices faster on the collect prompts out of fold, "
+        "chosen once per pair or per fitting task (each task's best arm on its own collect prompts, "
+        "TDES on or off), whichever prices the collect prompts faster when each is left out in turn. "
         "The second table is the wall clock of the same decodes against autoregressive decoding, "
         "decode time only, each prompt's rows and AR back to back.",
         _read(out / "graft.md"),
