@@ -4,6 +4,7 @@ count, the measured costs, and the evaluate_graft stage end to end on a tiny wor
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from collectors.graft_costs import GraftCosts, measure_costs
 from collectors.graft_eval import BudgetWalker, Round, decode_arm, lossless_gate
 from collectors.latency import LatencyProfile, load_profile, save_profile
 from collectors.plan import load_registered_pair
+from config.params import Params
 from decoder.block_drafter import BlockDrafter, BlockDrafterConfig, BlockDrafterNet, load_block_drafter
 from decoder.block_proposers import CausalLMProposer
 from decoder.config import BlockConfig, DecodeConfig
@@ -287,6 +289,21 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
     assert set(metrics["priced_over_wall"]) == set(cells[0]["wall"])
 
 
+def choose_on_workspace(root: Path, params: Params) -> tuple[dict, dict]:
+    """evaluate_graft.choose_budgets on the tiny workspace (TDES fitted first where it is not yet),
+    priced by a verification cost that grows with the tree, so neither the largest nor the smallest
+    B wins by default."""
+    if not (root / "fit" / "scorers" / "tiny").exists():
+        collect_edges.main(stage_params("collect_edges", params))
+        fit_edges.main(stage_params("fit_edges", params))
+    pair = load_registered_pair(params, "tiny")
+    drafter = load_block_drafter(root / "zoo" / "block-tiny", pair.target)
+    scorer, _ = load_edge_scorer(root / "fit" / "scorers" / "tiny", vocab_size=pair.vocab_size,
+                                 k=drafter.k)  # fmt: skip
+    costs = priced_costs(((1, 1.0), (8, 1.5), (21, 4.0)))
+    return evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs)
+
+
 def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None:  # noqa: F811
     """Other held-back prompts (another prompt_start, another dataset list) leave B_learned and its
     collect-prompt curve unchanged; a collect slice reaching the held-back prompts is refused."""
@@ -297,15 +314,7 @@ def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None
     for start, datasets in ((2, ["code", "chat"]), (3, ["chat"])):
         held_back = {"datasets": datasets, "held_out_datasets": ["chat"], "prompt_start": start}
         params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
-        if not (workspace / "fit" / "scorers" / "tiny").exists():
-            collect_edges.main(stage_params("collect_edges", params))
-            fit_edges.main(stage_params("fit_edges", params))
-        pair = load_registered_pair(params, "tiny")
-        drafter = load_block_drafter(workspace / "zoo" / "block-tiny", pair.target)
-        scorer, _ = load_edge_scorer(workspace / "fit" / "scorers" / "tiny", vocab_size=pair.vocab_size,
-                                     k=drafter.k)  # fmt: skip
-        costs = priced_costs(((1, 1.0), (8, 1.5), (21, 4.0)))
-        choice, rules = evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs)
+        choice, rules = choose_on_workspace(workspace, params)
         got.append(({k: v for k, v in choice.items() if k != "seconds"}, rules))
     assert got[0] == got[1]
     held_back = {"datasets": ["code"], "held_out_datasets": ["chat"], "prompt_start": 1}
@@ -320,17 +329,7 @@ def test_full_graft_chooses_per_task_by_leaving_collect_prompts_out(workspace) -
     graft = {"out_dir": str(workspace / "graft"), "budget_max": 20, "rule_caps": [4, 20]}
     held_back = {"datasets": ["code", "chat"], "held_out_datasets": [], "prompt_start": 2}
     params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
-    if not (workspace / "fit" / "scorers" / "tiny").exists():
-        collect_edges.main(stage_params("collect_edges", params))
-        fit_edges.main(stage_params("fit_edges", params))
-    pair = load_registered_pair(params, "tiny")
-    drafter = load_block_drafter(workspace / "zoo" / "block-tiny", pair.target)
-    scorer, _ = load_edge_scorer(
-        workspace / "fit" / "scorers" / "tiny", vocab_size=pair.vocab_size, k=drafter.k
-    )
-    # verification grows with the tree: neither the largest nor the smallest B wins by default
-    costs = priced_costs(((1, 1.0), (8, 1.5), (21, 4.0)))
-    choice, rules = evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs)
+    choice, rules = choose_on_workspace(workspace, params)
     task = choice["per_task"]
     assert choice["questions"] == {"code": [0, 2], "chat": [0, 2]} and set(task["arms"]) == {"code", "chat"}
     assert task["use"] == (task["left_out_speedup"] > task["left_out_speedup_pooled"])
