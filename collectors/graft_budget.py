@@ -6,8 +6,8 @@ Contract:
   ``collect.prompt_start`` of each ``edges.datasets`` entry that is not in
   ``evaluate.held_out_datasets``, i.e. the prompts collect_edges decoded and fit_edges fitted TDES
   on. A slice reaching ``evaluate.prompt_start`` is refused: the held-back prompts stay unseen.
-- :func:`walk_choice_prompt` decodes one of them greedily with DDTree at the collect budget, checks
-  the output with the lossless gate, and readies its exact walks at every B <= b_max
+- :func:`walk_choice_prompt` takes its greedy continuation (from a batch, or decoded with DDTree at
+  the collect budget), checks it with the lossless gate, and readies its exact walks at every B <= b_max
   (collectors/graft_eval.py, BudgetWalker) with plain marginals and with the TDES scorer
   (evaluate_graft walks its held-back prompts the same way).
 - :func:`learned_budget` is the argmax over B of the summed tokens over the summed priced ms of
@@ -27,19 +27,22 @@ Contract:
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from collectors.graft_costs import GraftCosts
-from collectors.graft_eval import ArmRun, BudgetWalker, Round, decode_arm, lossless_gate
+from collectors.graft_eval import ArmRun, BudgetWalker, Round, decode_arm, gate_check, lossless_gate
 from collectors.report import ReportSpec
 from config.params import Params
 from decoder.block import BlockProposer, Marginals
 from decoder.config import BlockBudgetRule
 from decoder.edge_scorer import EdgeScorer
 from decoder.models import ModelPair
+
+log = logging.getLogger(__name__)
 
 
 def choice_specs(params: Params, pair_id: str) -> list[ReportSpec]:
@@ -63,11 +66,12 @@ def choice_specs(params: Params, pair_id: str) -> list[ReportSpec]:
 
 @dataclass(frozen=True)
 class ChoiceWalks:
-    """One prompt's exact walks, by marginals and by TDES, and the decode they walk."""
+    """One prompt's exact walks, by marginals and by TDES, the output they follow, and its decode."""
 
     plain: BudgetWalker
     tdes: BudgetWalker
-    run: ArmRun  # DDTree at the collect budget, by marginals: the output every walk follows
+    run: ArmRun | None  # DDTree at the collect budget, by marginals (None: the output came checked)
+    output: list[int] = field(default_factory=list)  # the target's greedy continuation: every walk's text
 
 
 def walk_choice_prompt(
@@ -79,16 +83,29 @@ def walk_choice_prompt(
     b_max: int,
     topk: int,
     max_new_tokens: int,
+    output: list[int] | None = None,
 ) -> ChoiceWalks:
-    """Decode ``prompt`` at the collect budget (lossless-gated) and ready its walks at every B <= b_max."""
-    run = decode_arm(pair, proposer, None, prompt, collect_budget, topk, max_new_tokens)
-    features = lossless_gate(pair, prompt, run.tokens, tuple(proposer.target_layers))
+    """Ready ``prompt``'s walks at every B <= b_max along its greedy continuation. ``output``: that
+    continuation if already known (decoder/batch_greedy.py greedy_batch), used where the lossless
+    gate's forward agrees with every token; otherwise (and where it is not given) the prompt is
+    decoded at the collect budget and that output is gated (a batch can break a near-tie the other
+    way: the unbatched target decides)."""
+    layers = tuple(proposer.target_layers)
+    run, features = None, None
+    if output is not None:
+        wrong, features = gate_check(pair, prompt, output, layers)
+        if wrong is not None:
+            log.warning("batched continuation: token %d is not the target's greedy one; decoding", wrong)
+            features = None
+    if features is None:
+        run = decode_arm(pair, proposer, None, prompt, collect_budget, topk, max_new_tokens)
+        output, features = run.tokens, lossless_gate(pair, prompt, run.tokens, layers)
     proposals: dict[int, Marginals] = {}
     walkers = [
-        BudgetWalker(proposer, prompt, run.tokens, features, b_max, topk, pair.vocab_size, s, proposals)
+        BudgetWalker(proposer, prompt, output, features, b_max, topk, pair.vocab_size, s, proposals)
         for s in (None, scorer)
     ]
-    return ChoiceWalks(walkers[0], walkers[1], run)
+    return ChoiceWalks(walkers[0], walkers[1], run, list(output))
 
 
 def round_price(costs: GraftCosts, tdes: bool, saba: bool, r: Round) -> float:

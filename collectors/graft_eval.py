@@ -9,7 +9,8 @@ Contract (temperature 0):
   counts (collectors/edges.py, tree_match).
 - :func:`lossless_gate`: one teacher-forced target forward over prompt + output; every output token
   must be the target's argmax after its prefix (the output is the target's own greedy
-  continuation), and the forward's hidden states are the drafter's features for the walk.
+  continuation), and the forward's hidden states are the drafter's features for the walk
+  (:func:`gate_check`: the same forward, the first wrong token named instead of raised).
 - :class:`BudgetWalker` is the replay trick made exact for every budget at once: at every start
   position L of the continuation the drafter proposes from the target's features of the first
   L - 1 positions, DDTree is built once at b_max, and the one greedy check of that largest tree
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 
 from collectors.edges import RecordingProposer, accepted_path, tree_match
+from decoder.batch_greedy import first_mismatch
 from decoder.block import BlockProposer, Marginals
 from decoder.block_budget import node_features, rule_budget
 from decoder.block_decode import round_tree
@@ -107,23 +109,30 @@ def decode_arm(
     return ArmRun(list(result.new_tokens), rounds, result.wall_s - result.prefill_s)
 
 
-@torch.inference_mode()
+def gate_check(
+    pair: ModelPair, prompt: list[int], tokens: list[int], layers: tuple[int, ...]
+) -> tuple[int | None, torch.Tensor]:
+    """One teacher-forced target forward over prompt + ``tokens``: (the first output token that is
+    not the target's greedy token after its prefix, None when every one is; the target's features
+    of that forward, [len(prompt) + len(tokens) - 1, len(layers) * H])."""
+    wrong, hidden = first_mismatch(pair.target, prompt, tokens, pair.vocab_size, hidden_states=bool(layers))
+    if hidden is None:
+        return wrong, torch.zeros(len(prompt) + len(tokens) - 1, 0)
+    return wrong, layer_features(hidden, layers)
+
+
 def lossless_gate(
     pair: ModelPair, prompt: list[int], tokens: list[int], layers: tuple[int, ...]
 ) -> torch.Tensor:
-    """Check ``tokens`` is the target's greedy continuation of ``prompt``; return the target's
-    features ([len(prompt) + len(tokens) - 1, len(layers) * H]) of that forward."""
-    sequence = list(prompt) + list(tokens)
-    ids = torch.tensor([sequence[:-1]], device=pair.target.device)
-    out = pair.target(input_ids=ids, output_hidden_states=bool(layers))
-    argmax = out.logits[0, len(prompt) - 1 :, : pair.vocab_size].argmax(-1).tolist()
-    wrong = [i for i, (a, t) in enumerate(zip(argmax, tokens, strict=True)) if a != t]
-    if wrong:
+    """Check ``tokens`` is the target's greedy continuation of ``prompt`` (:func:`gate_check`); return
+    the target's features of that forward."""
+    wrong, features = gate_check(pair, prompt, tokens, layers)
+    if wrong is not None:
         raise RuntimeError(
-            f"lossless gate: output token {wrong[0]} is {tokens[wrong[0]]}, the target's greedy token "
-            f"there is {argmax[wrong[0]]} ({len(wrong)} of {len(tokens)} differ)"
+            f"lossless gate: output token {wrong} ({tokens[wrong]}) of {len(tokens)} is not the target's "
+            "greedy token after its prefix"
         )
-    return layer_features(out.hidden_states, layers) if layers else torch.zeros(len(sequence) - 1, 0)
+    return features
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,13 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
 
 Every row's rounds on every prompt come from the exact walks of the prompt's output
 (collectors/graft_eval.py, BudgetWalker: by marginals and TDES-ranked, at a fixed B or under a
-rule), the output being DDTree's at the fixed B, checked to be the target's greedy continuation
-(lossless_gate). On the first ``graft_eval.wall_prompts_per_cell`` prompts of a cell every row is
-also decoded for real (identical configurations once), back to back with autoregressive decoding
-(the wall-clock table): the stage fails if an output differs from the target's greedy continuation
-or a decode's rounds from its walk's. Pricing is deterministic
+rule), the target's greedy continuation, checked by one teacher-forced forward (lossless_gate): on
+the wall-clock prompts DDTree's output at the fixed B; elsewhere, and on the collect prompts the
+budget choice reads, batched greedy decoding's (decoder/batch_greedy.py), a prompt whose batched
+output the gate rejects being decoded alone. On the first ``graft_eval.wall_prompts_per_cell``
+prompts of a cell every row is also decoded for real (identical configurations once), back to back
+with autoregressive decoding (the wall-clock table): the stage fails if an output differs from the
+target's greedy continuation or a decode's rounds from its walk's. Pricing is deterministic
 given the costs measured at the start of each pair (collectors/graft_costs.py) and the pair's
 latency profile (``profile.out_dir/<pair>.json``).
 
@@ -72,6 +74,7 @@ from collectors.latency import load_profile
 from collectors.plan import dataset_file, load_registered_pair, report_questions
 from collectors.report import ReportSpec
 from config.params import Params, resolve
+from decoder.batch_greedy import greedy_batch
 from decoder.block import BlockProposer
 from decoder.block_drafter import load_block_drafter
 from decoder.config import BlockBudgetRule
@@ -174,12 +177,16 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         runs: dict[str, list] = {key: [] for key in arms}  # walked rounds, every prompt
         decoded: dict[str, list] = {key: [] for key in arms}  # real decodes, the first n_wall prompts
         walks, ar_runs = [], []
+        # the output every row emits (lossless: the target's greedy continuation): decoded with DDTree
+        # at b on the wall-clock prompts (that decode is one of the timed rows), from a batch elsewhere
+        batched = greedy_batch(pair.target, dataset_prompts[n_wall:], cfg.max_new_tokens, pair.vocab_size,
+                               pair.eos_token_ids)  # fmt: skip
         for i, prompt in enumerate(dataset_prompts):
-            # the output every row emits (lossless: the target's greedy continuation), from DDTree at b
+            output = batched[i - n_wall] if i >= n_wall else None
             walked = walk_choice_prompt(pair, drafter, scorer, prompt, b, b_max, edges.topk,
-                                        cfg.max_new_tokens)  # fmt: skip
-            decodes += 1
-            tokens = walked.run.tokens
+                                        cfg.max_new_tokens, output)  # fmt: skip
+            decodes += walked.run is not None
+            tokens = walked.output
             walks.append(walked.plain.every_budget())
             for key, (budget, tdes, rule) in arms.items():
                 if rule is not None:
@@ -260,9 +267,11 @@ def choose_budgets(
     groups = []
     specs = choice_specs(params, pair_id)
     for spec in specs:
+        prompts = report_questions(params, spec, pair.tokenizer)[1]
+        outputs = greedy_batch(pair.target, prompts, cfg.max_new_tokens, pair.vocab_size, pair.eos_token_ids)
         groups.append([walk_choice_prompt(pair, drafter, scorer, prompt, edges.budget, cfg.budget_max,
-                                          edges.topk, cfg.max_new_tokens)
-                       for prompt in report_questions(params, spec, pair.tokenizer)[1]])  # fmt: skip
+                                          edges.topk, cfg.max_new_tokens, output)
+                       for prompt, output in zip(prompts, outputs, strict=True)])  # fmt: skip
     walks = [w for g in groups for w in g]
     out, rules = {}, {}
     for name, tdes in (("plain", False), ("tdes", True)):

@@ -1,0 +1,93 @@
+"""Batched greedy continuations: the same tokens as decoding each prompt alone, the same stopping
+rules, and the walk that takes one such continuation falls back to decoding where the gate says no."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import noisy_copy, tiny_model
+from test_lossless import EOS, prompts
+
+from collectors.graft_budget import walk_choice_prompt
+from decoder.batch_greedy import first_mismatch, greedy_batch
+from decoder.block_proposers import CausalLMProposer
+from decoder.config import DecodeConfig
+from decoder.generate import generate
+from decoder.models import make_pair
+
+M, K = 4, 4
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", seed=41)
+    return make_pair(target, noisy_copy(target, noise=0.3, seed=42), eos_token_ids=(EOS,))
+
+
+def alone(pair, prompt: list[int], n: int, eos: tuple[int, ...]) -> list[int]:
+    """Autoregressive decoding of one prompt (the baseline every speedup divides by)."""
+    solo = make_pair(pair.target, pair.mid, eos_token_ids=eos)
+    return generate(solo, prompt, "ar", DecodeConfig(max_new_tokens=n), timing=False).new_tokens
+
+
+def test_a_batch_of_prompts_of_different_lengths_decodes_each_as_it_decodes_alone(pair) -> None:
+    """Left padding, per-row positions and the mask leave every row's tokens those of its own
+    decode, whatever the batch size (one prompt of a single token included)."""
+    batch = [[7], *prompts(pair.vocab_size, 6, seed=3)]
+    assert len({len(p) for p in batch}) >= 5, "the prompts must differ in length to test the padding"
+    want = [alone(pair, p, 24, ()) for p in batch]
+    for size in (1, 3, 16):
+        assert greedy_batch(pair.target, batch, 24, pair.vocab_size, (), batch_size=size) == want, size
+
+
+def test_a_row_stops_after_its_first_eos_and_the_others_go_on(pair) -> None:
+    batch = prompts(pair.vocab_size, 4, seed=9)
+    free = [alone(pair, p, 20, ()) for p in batch]
+    eos = free[0][4]  # the fifth token of the first row's free continuation ends that row there
+    got = greedy_batch(pair.target, batch, 20, pair.vocab_size, (eos,))
+    assert got == [alone(pair, p, 20, (eos,)) for p in batch]
+    assert got[0] == free[0][: free[0].index(eos) + 1] and len(got[0]) <= 5
+    assert any(len(g) == 20 for g in got), "every row stopped early: the others going on is untested"
+
+
+def test_bad_input_is_refused(pair) -> None:
+    with pytest.raises(ValueError, match="empty prompt"):
+        greedy_batch(pair.target, [[3, 4], []], 5, pair.vocab_size)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_batch(pair.target, [[3, 4]], 0, pair.vocab_size)
+    with pytest.raises(ValueError, match="batch_size"):
+        greedy_batch(pair.target, [[3, 4]], 5, pair.vocab_size, batch_size=0)
+    assert greedy_batch(pair.target, [], 5, pair.vocab_size) == []
+
+
+def test_first_mismatch_names_the_first_token_that_is_not_the_greedy_one(pair) -> None:
+    prompt = prompts(pair.vocab_size, 1, seed=5)[0]
+    out = alone(pair, prompt, 16, ())
+    assert first_mismatch(pair.target, prompt, out, pair.vocab_size) == (None, None)
+    bad = list(out)
+    bad[6] = (bad[6] + 1) % pair.vocab_size
+    bad[9] = (bad[9] + 1) % pair.vocab_size
+    wrong, hidden = first_mismatch(pair.target, prompt, bad, pair.vocab_size, hidden_states=True)
+    assert wrong == 6
+    assert hidden is not None and hidden[-1].shape[1] == len(prompt) + len(bad) - 1
+
+
+def test_the_walk_takes_a_checked_continuation_and_decodes_where_the_gate_rejects_it(pair) -> None:
+    """Given the right continuation, the walks are those of the decoded prompt and nothing is decoded;
+    given a wrong one, the prompt is decoded and the walks follow the decode."""
+    prompt = prompts(pair.vocab_size, 1, seed=13)[0]
+
+    def walk(output):
+        return walk_choice_prompt(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), None, prompt,  # type: ignore[arg-type]
+                                  20, 20, M, 30, output)  # fmt: skip
+
+    decoded = walk(None)
+    assert decoded.run is not None and decoded.output == decoded.run.tokens
+    batched = greedy_batch(pair.target, [prompt], 30, pair.vocab_size, pair.eos_token_ids)[0]
+    taken = walk(batched)
+    assert taken.run is None and taken.output == decoded.output
+    assert taken.plain.every_budget().rounds == decoded.plain.every_budget().rounds
+    wrong = list(batched)
+    wrong[3] = (wrong[3] + 1) % pair.vocab_size
+    fallen = walk(wrong)
+    assert fallen.run is not None and fallen.output == decoded.output
+    assert fallen.plain.every_budget().rounds == decoded.plain.every_budget().rounds
