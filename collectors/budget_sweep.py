@@ -267,6 +267,7 @@ def sweep_pair(
     every: list[list[Sample]] = [[] for _ in names]
     starts: list[list[tuple[int, int, dict[int, FullOutcome]]]] = [[] for _ in names]
     ar_ms = 0.0
+    rep.warm(prompts)
     for i, prompt in enumerate(prompts):
         walks, seen, limit = sweep_prompt(rep, prompt, budgets)
         if check is not None and i == 0:

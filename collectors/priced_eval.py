@@ -126,6 +126,10 @@ class MemoReplayer(Replayer):
         self._facts = (pair.eos_token_ids, pair.context_len, pair.vocab_size,
                        replace(config, tree=replace(config.tree, budget=1)))  # fmt: skip
 
+    def warm(self, prompts: list[list[int]]) -> None:
+        """Replayer.warm for the prompts whose g the memo does not hold yet."""
+        super().warm([p for p in prompts if (tuple(p), self._facts) not in self.memo.continuations])
+
     def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
         key = (tuple(prompt), self._facts)
         if key not in self.memo.continuations:
@@ -198,6 +202,7 @@ def priced_cell(
     runtimes = list(runtime) if isinstance(runtime, Sequence) else [runtime] * len(prompts)
     if len(runtimes) != len(prompts):
         raise ValueError(f"{len(runtimes)} runtime contexts for {len(prompts)} prompts")
+    replayer.warm(prompts)
     for prompt, rt in zip(prompts, runtimes, strict=True):
         inputs = replayer.inputs(prompt)
         rep = replayer.replay_prompt(prompt, inputs)

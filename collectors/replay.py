@@ -5,13 +5,14 @@ the target's greedy continuation g. A round starting after L committed tokens ac
 longest path of its pruned tree that spells g[L:], so no verification forward is needed.
 
 What is shared: g and the target's top-m log-probs at every position are computed once per prompt
-(prompt rows by the same prefill as execute mode); the mid drafter's KV of the committed text is
-computed once per prompt and handed to each round start; tree construction is shared between
-schedules with the same prefix (a depth-first walk over the 2^D schedules, branching the tree
-and the mid drafter's per-round state). The mid drafter forwards each distinct token path of a
-round start once, whichever schedules' trees hold it (collectors/trie_mid.py: a node's mid row
-depends only on the context and its path); every schedule is still charged for all the nodes a
-real decoder would forward for it.
+(prompt rows by the same prefill as execute mode; g of a set of prompts in batches by ``warm``,
+each checked against one unbatched target forward and decoded alone where the check fails); the
+mid drafter's KV of the committed text is computed once per prompt and handed to each round start;
+tree construction is shared between schedules with the same prefix (a depth-first walk over the
+2^D schedules, branching the tree and the mid drafter's per-round state). The mid drafter forwards
+each distinct token path of a round start once, whichever schedules' trees hold it
+(collectors/trie_mid.py: a node's mid row depends only on the context and its path); every
+schedule is still charged for all the nodes a real decoder would forward for it.
 
 Each schedule's trajectory then walks from start to start (L -> L + A + 1) through the memoised
 outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode. The
@@ -26,6 +27,7 @@ no earlier round of that trajectory read, which is what decoding computes in tha
 from __future__ import annotations
 
 import heapq
+import logging
 from dataclasses import dataclass, field, replace
 
 from transformers import DynamicCache
@@ -34,6 +36,7 @@ from collectors.branch_mid import KV, BranchMid, committed_kv
 from collectors.latency import LatencyProfile
 from collectors.records import RoundRecord
 from collectors.trie_mid import RoundTrie, TrieBranchMid
+from decoder.batch_greedy import first_mismatch, greedy_batch
 from decoder.budget import verify_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
@@ -47,6 +50,8 @@ from decoder.state import step_signals
 from decoder.tensors import ROW_BLOCK, causal_block, forward_block
 from decoder.tree import ROOT, DraftTree
 from decoder.verify import TargetVerifier, top_logps
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -193,16 +198,41 @@ class Replayer:
         self.index = {bits: i for i, bits in enumerate(schedules)}
         self.depth = config.tree.depth
         self.g_decoding = continuation_decoding(pair, profile, config.tree)
+        self._warm: dict[tuple[int, ...], list[int]] = {}  # prompt -> its checked batched continuation
 
-    def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
-        """The target's greedy continuation with a margin for the deepest tree; and its EOS stop."""
+    def continuation_length(self, prompt: list[int]) -> int:
+        """Tokens of g to decode: max_new_tokens plus a margin for the deepest tree, within the
+        target's context."""
         cfg = self.config.tree
         room = self.pair.context_len - len(prompt) - self.config.max_new_tokens
-        margin = max(0, min(cfg.depth * max(cfg.ngram_chain_len, 1) + 1, room))
-        free = replace(self.pair, eos_token_ids=())
-        policy, tree = self.g_decoding
-        run = DecodeConfig(self.config.max_new_tokens + margin, 0.0, self.config.seed, tree)
-        g = generate(free, prompt, policy, run, timing=False).new_tokens
+        return self.config.max_new_tokens + max(0, min(cfg.depth * max(cfg.ngram_chain_len, 1) + 1, room))
+
+    def warm(self, prompts: list[list[int]]) -> None:
+        """Decode the continuations of ``prompts`` in batches (decoder/batch_greedy.py) for
+        :meth:`continuation` to take. Each is checked against one unbatched target forward
+        (first_mismatch); one that fails (a near-tie the batch broke the other way) is left to
+        :meth:`continuation`'s own decode."""
+        todo = [p for p in dict.fromkeys(tuple(p) for p in prompts) if p not in self._warm]
+        if not todo:
+            return
+        lengths = [self.continuation_length(list(p)) for p in todo]
+        target, vocab = self.pair.target, self.pair.vocab_size
+        for prompt, n, g in zip(todo, lengths, greedy_batch(target, todo, max(lengths), vocab), strict=True):
+            wrong, _ = first_mismatch(target, prompt, g[:n], vocab)
+            if wrong is None:
+                self._warm[prompt] = g[:n]
+            else:
+                log.warning("batched continuation: token %d is not the target's greedy one; decoding", wrong)
+
+    def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
+        """The target's greedy continuation with a margin for the deepest tree (from :meth:`warm`
+        where it was warmed, else decoded now); and its EOS stop."""
+        g = self._warm.pop(tuple(prompt), None)
+        if g is None:
+            free = replace(self.pair, eos_token_ids=())
+            policy, tree = self.g_decoding
+            run = DecodeConfig(self.continuation_length(prompt), 0.0, self.config.seed, tree)
+            g = generate(free, prompt, policy, run, timing=False).new_tokens
         eos = set(self.pair.eos_token_ids)
         limit = next((i + 1 for i, t in enumerate(g[: self.config.max_new_tokens]) if t in eos), None)
         return g, limit or self.config.max_new_tokens

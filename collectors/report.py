@@ -104,6 +104,7 @@ def collect_report(
     )
     if mode == "replay":
         replayer = Replayer(pair, config, schedules, round_table_stride, profile)
+        replayer.warm(prompts)
         for p_id, prompt in enumerate(prompts):
             rep = replayer.replay_prompt(prompt)
             for s in per_schedule:

@@ -37,7 +37,7 @@ def greedy_batch(
     max_new_tokens: int,
     vocab_size: int,
     eos_token_ids: Sequence[int] = (),
-    batch_size: int = 16,
+    batch_size: int = 20,
 ) -> list[list[int]]:
     """Each prompt's greedy continuation (argmax over the first ``vocab_size`` logits), decoded
     ``batch_size`` prompts at a time; rows stop as autoregressive decoding does. Empty prompts are

@@ -1,5 +1,5 @@
 """Batched greedy continuations: the same tokens as decoding each prompt alone, the same stopping
-rules, and the walk that takes one such continuation falls back to decoding where the gate says no."""
+rules; the GRAFT walk and the replay that take one fall back to decoding where the check says no."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ import pytest
 from conftest import noisy_copy, tiny_model
 from test_lossless import EOS, prompts
 
+from collectors import replay
 from collectors.graft_budget import walk_choice_prompt
+from collectors.priced_eval import MemoReplayer, TargetMemo
+from collectors.replay import Replayer
 from decoder.batch_greedy import first_mismatch, greedy_batch
 from decoder.block_proposers import CausalLMProposer
 from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
+from decoder.policies import schedule_bits
 
 M, K = 4, 4
 
@@ -91,3 +95,63 @@ def test_the_walk_takes_a_checked_continuation_and_decodes_where_the_gate_reject
     fallen = walk(wrong)
     assert fallen.run is not None and fallen.output == decoded.output
     assert fallen.plain.every_budget().rounds == decoded.plain.every_budget().rounds
+
+
+def _replayer(pair, memo=None):
+    config = DecodeConfig(max_new_tokens=20)
+    schedules = [schedule_bits(s, 5) for s in range(32)]
+    if memo is None:
+        return Replayer(pair, config, schedules, round_table_stride=0)
+    return MemoReplayer(pair, config, schedules, memo)
+
+
+def test_a_warmed_replay_is_the_replay_and_decodes_nothing_more(pair, monkeypatch) -> None:
+    batch = prompts(pair.vocab_size, 4, seed=21)
+    plain = _replayer(pair)
+    want = [plain.replay_prompt(p) for p in batch]
+    warmed = _replayer(pair)
+    warmed.warm(batch)
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("a warmed prompt's continuation was decoded again")
+
+    monkeypatch.setattr(replay, "generate", no_decode)
+    for p, w in zip(batch, want, strict=True):
+        got = warmed.replay_prompt(p)
+        assert got.rounds == w.rounds and got.n_tokens == w.n_tokens
+
+
+def test_a_continuation_the_check_rejects_is_decoded_alone(pair, monkeypatch, caplog) -> None:
+    batch = prompts(pair.vocab_size, 2, seed=22)
+    want = [_replayer(pair).continuation(p) for p in batch]
+
+    def off_by_one(model, prompts_, n, vocab):
+        rows = greedy_batch(model, prompts_, n, vocab)
+        rows[1][4] = (rows[1][4] + 1) % vocab
+        return rows
+
+    monkeypatch.setattr(replay, "greedy_batch", off_by_one)
+    warmed = _replayer(pair)
+    with caplog.at_level("WARNING"):
+        warmed.warm(batch)
+    assert "token 4 is not the target's greedy one" in caplog.text
+    assert tuple(batch[0]) in warmed._warm and tuple(batch[1]) not in warmed._warm
+    assert [warmed.continuation(p) for p in batch] == want
+
+
+def test_a_memo_replayer_warms_only_what_its_memo_lacks(pair, monkeypatch) -> None:
+    batch = prompts(pair.vocab_size, 3, seed=23)
+    memo = TargetMemo()
+    first = _replayer(pair, memo)
+    first.warm(batch[:2])
+    for p in batch[:2]:
+        first.continuation(p)
+    asked: list[list[list[int]]] = []
+
+    def spy(model, prompts_, n, vocab):
+        asked.append([list(p) for p in prompts_])
+        return greedy_batch(model, prompts_, n, vocab)
+
+    monkeypatch.setattr(replay, "greedy_batch", spy)
+    _replayer(pair, memo).warm(batch)
+    assert asked == [[batch[2]]]
