@@ -60,11 +60,26 @@ def results_section(params: Params) -> str:
             _read(ev / "ablations.md"),
             "### Offline: following the student through the enumerated schedules",
             _read(distill / "offline.md"),
+            half_split_line(json.loads(_read(collect / "metrics.json")), params.collect.prompts_per_report),
             "### Collected reports (priced with each pair's latency profile)",
             _read(collect / "summary.md"),
             END,
         ]
         if part  # a section a run did not produce (e.g. no threshold check) leaves no blank paragraph
+    )
+
+
+def half_split_line(metrics: dict, prompts: int) -> str:
+    """What '% of best' is measured against: the collect stage's half-split figure (collectors/summary.py)
+    as the scale for the offline table; empty when the run did not produce it."""
+    if "mean_half_split" not in metrics:
+        return ""
+    return (
+        f"For scale: the best enumerated schedule is the fastest in hindsight on the report's own {prompts} "
+        f"prompts. A schedule chosen on half of them reaches {metrics['mean_half_split']:.1%} of the best "
+        f"on the other half (mean over reports and every split; worst report "
+        f"{metrics['min_half_split']:.1%}; the collected reports' half-split column): the part of 100% "
+        "that no choice made without seeing the prompts can count on."
     )
 
 

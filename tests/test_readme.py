@@ -9,6 +9,7 @@ from pipeline.readme import (
     START,
     gains_line,
     graft_checks_line,
+    half_split_line,
     learned_budget_line,
     pricing_line,
     student_table,
@@ -123,3 +124,9 @@ def test_pricing_line_sets_both_profiles_and_the_drift_side_by_side():
     assert line.startswith("Priced / wall clock (decoding only) within 0.90-1.10: ")
     assert line.endswith("faster now): zoo-l verify 0.80, mid 0.91.")
     assert pricing_line({}) == ""  # a run before the check: no line
+
+
+def test_half_split_line_states_the_mean_and_worst_report_and_is_empty_without_them():
+    line = half_split_line({"mean_half_split": 0.9768, "min_half_split": 0.9162}, 6)
+    assert "own 6 prompts" in line and "reaches 97.7% of the best" in line and "worst report 91.6%" in line
+    assert half_split_line({"mean_best_kept": 0.8}, 6) == ""
