@@ -32,7 +32,15 @@ from decoder.generate import _speculative, generate
 from decoder.models import make_pair
 from decoder.ngram import NgramDrafter
 from decoder.policies import FixedSchedule, parse_policy
-from decoder.tensors import ROW_BLOCK, QueryBlock, additive_mask, causal_block, compact_cache, forward_block
+from decoder.tensors import (
+    ROW_BLOCK,
+    QueryBlock,
+    additive_mask,
+    block_start,
+    causal_block,
+    compact_cache,
+    forward_block,
+)
 from decoder.timing import zero_times
 from decoder.tree import DraftTree
 from decoder.verify import Prefill, TopLogps, Verdict
@@ -144,7 +152,7 @@ class TextRows:
         self.count = len(tokens)
 
     def block(self, position: int) -> TopLogps:
-        lo = position - position % ROW_BLOCK
+        lo = block_start(position)
         return TopLogps(lo, self.tokens[lo : lo + ROW_BLOCK], self.logps[lo : lo + ROW_BLOCK])
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -66,12 +66,16 @@ def choice_specs(params: Params, pair_id: str) -> list[ReportSpec]:
 
 @dataclass(frozen=True)
 class ChoiceWalks:
-    """One prompt's exact walks, by marginals and by TDES, the output they follow, and its decode."""
+    """One prompt's exact walks, by marginals and by TDES, and its decode."""
 
     plain: BudgetWalker
     tdes: BudgetWalker
     run: ArmRun | None  # DDTree at the collect budget, by marginals (None: the output came checked)
-    output: list[int] = field(default_factory=list)  # the target's greedy continuation: every walk's text
+
+    @property
+    def output(self) -> list[int]:
+        """The target's greedy continuation: the text every walk follows."""
+        return self.plain.tokens
 
 
 def walk_choice_prompt(
@@ -93,9 +97,11 @@ def walk_choice_prompt(
     layers = tuple(proposer.target_layers)
     run, features = None, None
     if output is not None:
-        wrong, features = gate_check(pair, prompt, output, layers)
-        if wrong is not None:
-            log.warning("batched continuation: token %d is not the target's greedy one; decoding", wrong)
+        check, features = gate_check(pair, prompt, output, layers)
+        if check.wrong is not None:
+            log.warning(
+                "batched continuation: token %d is not the target's greedy one; decoding", check.wrong
+            )
             features = None
     if features is None:
         run = decode_arm(pair, proposer, None, prompt, collect_budget, topk, max_new_tokens)
@@ -105,7 +111,7 @@ def walk_choice_prompt(
         BudgetWalker(proposer, prompt, output, features, b_max, topk, pair.vocab_size, s, proposals)
         for s in (None, scorer)
     ]
-    return ChoiceWalks(walkers[0], walkers[1], run, list(output))
+    return ChoiceWalks(walkers[0], walkers[1], run)
 
 
 def round_price(costs: GraftCosts, tdes: bool, saba: bool, r: Round) -> float:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from collectors.edges import RecordingProposer, accepted_path, tree_match
-from decoder.batch_greedy import first_mismatch
+from decoder.batch_greedy import GreedyCheck, check_greedy
 from decoder.block import BlockProposer, Marginals
 from decoder.block_budget import node_features, rule_budget
 from decoder.block_decode import round_tree
@@ -111,14 +111,14 @@ def decode_arm(
 
 def gate_check(
     pair: ModelPair, prompt: list[int], tokens: list[int], layers: tuple[int, ...]
-) -> tuple[int | None, torch.Tensor]:
-    """One teacher-forced target forward over prompt + ``tokens``: (the first output token that is
-    not the target's greedy token after its prefix, None when every one is; the target's features
-    of that forward, [len(prompt) + len(tokens) - 1, len(layers) * H])."""
-    wrong, hidden = first_mismatch(pair.target, prompt, tokens, pair.vocab_size, hidden_states=bool(layers))
-    if hidden is None:
-        return wrong, torch.zeros(len(prompt) + len(tokens) - 1, 0)
-    return wrong, layer_features(hidden, layers)
+) -> tuple[GreedyCheck, torch.Tensor]:
+    """One teacher-forced target forward over prompt + ``tokens``: ``tokens`` against the target's
+    greedy token after each prefix (decoder.batch_greedy.check_greedy); the target's features of
+    that forward, [len(prompt) + len(tokens) - 1, len(layers) * H]."""
+    check = check_greedy(pair.target, prompt, tokens, pair.vocab_size, hidden_states=bool(layers))
+    if check.hidden is None:
+        return check, torch.zeros(len(prompt) + len(tokens) - 1, 0)
+    return check, layer_features(check.hidden, layers)
 
 
 def lossless_gate(
@@ -126,11 +126,13 @@ def lossless_gate(
 ) -> torch.Tensor:
     """Check ``tokens`` is the target's greedy continuation of ``prompt`` (:func:`gate_check`); return
     the target's features of that forward."""
-    wrong, features = gate_check(pair, prompt, tokens, layers)
+    check, features = gate_check(pair, prompt, tokens, layers)
+    wrong = check.wrong
     if wrong is not None:
         raise RuntimeError(
             f"lossless gate: output token {wrong} ({tokens[wrong]}) of {len(tokens)} is not the target's "
-            "greedy token after its prefix"
+            f"greedy token after its prefix ({check.greedy[wrong]}); {check.n_wrong} of the {len(tokens)} "
+            "are not the greedy token after their prefix"
         )
     return features
 
@@ -179,9 +181,15 @@ class BudgetWalker:
         self.proposer, self.features, self.b_max, self.topk = proposer, features, b_max, topk
         self.vocab_size, self.scorer = vocab_size, scorer
         self.first_start = first_round_start(prompt)
+        self.prompt_len = len(prompt)
         self.sequence = list(prompt) + list(tokens)
         self.proposals = {} if proposals is None else proposals
         self._sweeps: dict[int, StartSweep] = {}
+
+    @property
+    def tokens(self) -> list[int]:
+        """The output walked: the target's greedy continuation of the prompt."""
+        return self.sequence[self.prompt_len :]
 
     @torch.inference_mode()
     def start(self, n: int) -> StartSweep:

@@ -6,7 +6,8 @@ longest path of its pruned tree that spells g[L:], so no verification forward is
 
 What is shared: g and the target's top-m log-probs at every position are computed once per prompt
 (prompt rows by the same prefill as execute mode; g of a set of prompts in batches by ``warm``,
-each checked against one unbatched target forward and decoded alone where the check fails); the
+each checked against the unbatched target forwards that give its rows, and decoded alone where the
+check fails); the
 mid drafter's KV of the committed text is computed once per prompt and handed to each round start;
 tree construction is shared between schedules with the same prefix (a depth-first walk over the
 2^D schedules, branching the tree and the mid drafter's per-round state). The mid drafter forwards
@@ -36,7 +37,7 @@ from collectors.branch_mid import KV, BranchMid, committed_kv
 from collectors.latency import LatencyProfile
 from collectors.records import RoundRecord
 from collectors.trie_mid import RoundTrie, TrieBranchMid
-from decoder.batch_greedy import first_mismatch, greedy_batch
+from decoder.batch_greedy import greedy_batch
 from decoder.budget import verify_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
@@ -199,6 +200,8 @@ class Replayer:
         self.depth = config.tree.depth
         self.g_decoding = continuation_decoding(pair, profile, config.tree)
         self._warm: dict[tuple[int, ...], list[int]] = {}  # prompt -> its checked batched continuation
+        # (prompt, text) -> the n-gram drafter with the target's rows that warm computed to check it
+        self._rows: dict[tuple[tuple[int, ...], tuple[int, ...]], NgramDrafter] = {}
 
     def continuation_length(self, prompt: list[int]) -> int:
         """Tokens of g to decode: max_new_tokens plus a margin for the deepest tree, within the
@@ -209,18 +212,21 @@ class Replayer:
 
     def warm(self, prompts: list[list[int]]) -> None:
         """Decode the continuations of ``prompts`` in batches (decoder/batch_greedy.py) for
-        :meth:`continuation` to take. Each is checked against one unbatched target forward
-        (first_mismatch); one that fails (a near-tie the batch broke the other way) is left to
-        :meth:`continuation`'s own decode."""
+        :meth:`continuation` to take, with their n-gram drafters for :meth:`ngram_with_rows`. Each
+        is checked against the unbatched target forwards that give its rows (:meth:`rows_and_check`),
+        so the check costs no forward of its own; one that fails (a near-tie the batch broke the
+        other way) is left to :meth:`continuation`'s own decode."""
         todo = [p for p in dict.fromkeys(tuple(p) for p in prompts) if p not in self._warm]
         if not todo:
             return
         lengths = [self.continuation_length(list(p)) for p in todo]
         target, vocab = self.pair.target, self.pair.vocab_size
         for prompt, n, g in zip(todo, lengths, greedy_batch(target, todo, max(lengths), vocab), strict=True):
-            wrong, _ = first_mismatch(target, prompt, g[:n], vocab)
+            text = [*prompt, *g[:n]]
+            ngram, wrong = self.rows_and_check(list(prompt), text)
             if wrong is None:
                 self._warm[prompt] = g[:n]
+                self._rows[prompt, tuple(text)] = ngram
             else:
                 log.warning("batched continuation: token %d is not the target's greedy one; decoding", wrong)
 
@@ -289,18 +295,30 @@ class Replayer:
 
     def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
         """An n-gram drafter whose score cache holds the target's rows for every position and logs
-        the prompt-row blocks read (`ReadLog`)."""
+        the prompt-row blocks read (`ReadLog`): the one :meth:`warm` made for this text, once, else
+        computed now."""
+        warmed = self._rows.pop((tuple(prompt), tuple(text)), None)
+        return warmed if warmed is not None else self.rows_and_check(prompt, text)[0]
+
+    def rows_and_check(self, prompt: list[int], text: list[int]) -> tuple[NgramDrafter, int | None]:
+        """The n-gram drafter of :meth:`ngram_with_rows`, from the prompt's prefill (as execute mode
+        computes it) and one forward of the rest of the text but its last token; and the first
+        token of the text after the prompt that is not the target's greedy choice in those forwards
+        (None when every one is)."""
         cfg = self.config.tree
-        verifier = TargetVerifier(self.pair.target, self.pair.vocab_size, cfg.topk)
-        head = verifier.prefill(prompt).top
+        vocab = self.pair.vocab_size
+        verifier = TargetVerifier(self.pair.target, vocab, cfg.topk)
+        prefill = verifier.prefill(prompt)
         start = len(prompt)
         logits = forward_block(self.pair.target, verifier.cache, causal_block(text[start:-1], start, start))
-        tail = top_logps(logits[:, : self.pair.vocab_size], cfg.topk, start)
+        tail = top_logps(logits[:, :vocab], cfg.topk, start)
         ngram = NgramDrafter.for_tree(cfg)
         ngram.cache = ReadLog(len(prompt))
-        for rows in (head, tail):
+        for rows in (prefill.top, tail):
             ngram.cache.set_rows(rows.start, rows.tokens, rows.logps)
-        return ngram
+        greedy = [int(prefill.logits[:vocab].argmax()), *logits[:, :vocab].argmax(-1).tolist()]
+        wrong = next((i for i, (a, t) in enumerate(zip(greedy, text[start:], strict=True)) if a != t), None)
+        return ngram, wrong
 
     def mid_kv_of(self, text: list[int]) -> DynamicCache:
         cache = DynamicCache()

@@ -9,7 +9,8 @@ real token, so rotary embeddings see what an unbatched forward sees) and a [B, 1
 mask hides the padding from every query. Padding changes which kernels run and in what order they
 sum, so a row's logits may differ from an unbatched forward's in the last bits: at a near-tie the
 argmax can differ. A caller that needs the target's own greedy output checks each continuation
-against one unbatched forward (:func:`first_mismatch`) and decodes a failing prompt alone.
+against unbatched forwards (:func:`check_greedy`, or the forwards it needs anyway) and decodes a
+failing prompt alone.
 
 Stopping is autoregressive decoding's (decoder/outcome.py Output): a row ends after its first EOS
 token (kept) or after ``max_new_tokens``.
@@ -18,6 +19,7 @@ token (kept) or after ``max_new_tokens``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -101,22 +103,41 @@ def _greedy_rows(
         step += 1
 
 
+@dataclass(frozen=True)
+class GreedyCheck:
+    """A continuation against the target's greedy choice after each of its prefixes."""
+
+    tokens: list[int]
+    greedy: list[int]  # the target's argmax after prompt + tokens[:i], for each i
+    hidden: tuple[torch.Tensor, ...] | None  # the forward's per-layer hidden states, when asked
+
+    @property
+    def wrong(self) -> int | None:
+        """The index of the first token that is not the target's greedy one; None when all are."""
+        return next(
+            (i for i, (a, t) in enumerate(zip(self.greedy, self.tokens, strict=True)) if a != t), None
+        )
+
+    @property
+    def n_wrong(self) -> int:
+        """Tokens that are not the target's greedy one after their (given) prefix."""
+        return sum(a != t for a, t in zip(self.greedy, self.tokens, strict=True))
+
+
 @torch.inference_mode()
-def first_mismatch(
+def check_greedy(
     model: torch.nn.Module,
     prompt: Sequence[int],
     tokens: Sequence[int],
     vocab_size: int,
     hidden_states: bool = False,
-) -> tuple[int | None, tuple[torch.Tensor, ...] | None]:
+) -> GreedyCheck:
     """Check ``tokens`` against the target's greedy choice after ``prompt`` with one unbatched causal
-    forward of prompt + tokens[:-1]: (the index of the first token that is not the argmax there, or
-    None; with ``hidden_states``, the forward's per-layer hidden states, else None)."""
+    forward of prompt + tokens[:-1] (with ``hidden_states``, keeping its per-layer hidden states)."""
     if not prompt or not tokens:
-        raise ValueError("first_mismatch needs a non-empty prompt and continuation")
+        raise ValueError("check_greedy needs a non-empty prompt and continuation")
     sequence = list(prompt) + list(tokens)
     ids = torch.tensor([sequence[:-1]], dtype=torch.long, device=model.device)
     out = model(input_ids=ids, output_hidden_states=hidden_states)
-    argmax = out.logits[0, len(prompt) - 1 :, :vocab_size].argmax(-1).tolist()
-    wrong = next((i for i, (a, t) in enumerate(zip(argmax, tokens, strict=True)) if a != t), None)
-    return wrong, out.hidden_states if hidden_states else None
+    greedy = out.logits[0, len(prompt) - 1 :, :vocab_size].argmax(-1).tolist()
+    return GreedyCheck(list(tokens), greedy, out.hidden_states if hidden_states else None)

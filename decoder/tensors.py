@@ -26,6 +26,11 @@ from transformers import DynamicCache
 ROW_BLOCK = 16
 
 
+def block_start(position: int) -> int:
+    """The first position of the ROW_BLOCK-aligned block that holds ``position``."""
+    return position - position % ROW_BLOCK
+
+
 @dataclass(frozen=True)
 class QueryBlock:
     """Tokens to run in one forward on top of `prefix_len` cached tokens."""

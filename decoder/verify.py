@@ -36,6 +36,7 @@ from decoder.sampling import sample_walk
 from decoder.tensors import (
     ROW_BLOCK,
     QueryBlock,
+    block_start,
     causal_block,
     compact_cache,
     forward_block,
@@ -75,7 +76,7 @@ class PromptRows:
     def block(self, position: int) -> TopLogps:
         if not 0 <= position < self.count:
             raise IndexError(f"position {position} is outside the prompt's rows 0..{self.count - 1}")
-        lo = position - position % ROW_BLOCK
+        lo = block_start(position)
         vals, ids = top_logps_of(self._model, self._hidden[lo : lo + ROW_BLOCK], self._vocab_size, self._m)
         self.blocks_computed += 1
         return TopLogps(start=lo, tokens=ids.tolist(), logps=vals.tolist())

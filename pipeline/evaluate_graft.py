@@ -20,16 +20,17 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
 6. DDTree with a learned per-round budget, without and with TDES: each round's B_t from its own
    tree by a node acceptance model and the cost curve (decoder/block_budget.py), fitted and its
    cap chosen on the same collect prompts (models/budget_rule.py).
-7. Full GRAFT: the learned budget, chosen before any held-back prompt is read, per task where
-   that prices faster on the collect prompts out of fold. Per task: each fitting dataset gets the
-   fixed B, with or without TDES, with the most tokens per priced ms on its own collect prompts
-   (TDES stays off where its scoring costs more than the tokens it adds). Once for all tasks: TDES
-   with row 5's fixed B or row 6's per-round rule, whichever prices faster out of fold by dataset
-   (each fitting dataset's prompts priced under the budget chosen on the others;
-   models/budget_rule.py). Per task is used when, leaving each collect prompt out in turn, the arm
-   chosen on its task's other prompts prices it faster in sum than the arm chosen on all other
-   prompts (collectors/graft_budget.py, left_out_speedups); held-out tasks, with no collect prompts,
-   take the choice made once for all tasks.
+7. Full GRAFT: the learned budget, chosen before any held-back prompt is read, per task where that
+   prices faster on the collect prompts out of fold. Per task: each fitting dataset gets the arm
+   with the most tokens per priced ms on its own collect prompts, of every fixed B with or without
+   TDES and the pair's two per-round rules (by marginals, by TDES; choice_arms in
+   collectors/graft_budget.py): TDES stays off where its scoring costs more than the tokens it
+   adds. Once for all tasks: TDES with row 5's fixed B or row 6's per-round rule, whichever prices
+   faster out of fold by dataset (each fitting dataset's prompts priced under the budget chosen on
+   the others; models/budget_rule.py). Per task is used when, leaving each collect prompt out in
+   turn, the arm chosen on its task's other prompts prices it faster in sum than the arm chosen on
+   all other prompts (collectors/graft_budget.py, left_out_speedups); held-out tasks, with no
+   collect prompts, take the choice made once for all tasks.
 
 Every row's rounds on every prompt come from the exact walks of the prompt's output
 (collectors/graft_eval.py, BudgetWalker: by marginals and TDES-ranked, at a fixed B or under a
@@ -57,6 +58,7 @@ import time
 import numpy as np
 
 from collectors.graft_budget import (
+    Arm,
     arm_totals,
     best_arm,
     choice_arms,
@@ -150,9 +152,9 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
     costs = measure_costs(pair, pair_id, drafter, scorer, profile, context, edges.topk, cfg.cost_sizes,
                           cfg.warmup, cfg.repeats, cfg.passes)  # fmt: skip
     b, b_max = edges.budget, cfg.budget_max
-    choice, rules = choose_budgets(params, pair, pair_id, drafter, scorer, costs)
+    choice, rules, task_arms = choose_budgets(params, pair, pair_id, drafter, scorer, costs)
     # key -> (budget, TDES, per-round rule)
-    arms: dict[str, tuple[int, bool, BlockBudgetRule | None]] = {
+    arms: dict[str, Arm] = {
         "ddtree": (b, False, None), "tdes": (b, True, None), "saba": (costs.saba(b_max, False), False, None),
         "graft": (costs.saba(b_max, True), True, None), "learned": (choice["plain"]["budget"], False, None),
         "graft_learned": (choice["tdes"]["budget"], True, None),
@@ -160,17 +162,12 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         "graft_rule": (rules["tdes"].cap, True, rules["tdes"]),
     }  # fmt: skip
     once = arms["graft_rule" if choice["tdes"]["use_rule"] else "graft_learned"]  # full GRAFT, all tasks
-    per_task = choice["per_task"]["arms"] if choice["per_task"]["use"] else {}
+    per_task = task_arms if choice["per_task"]["use"] else {}
     n_wall = min(cfg.wall_prompts_per_cell, cfg.prompts_per_cell)
     cells, checked, decodes, full_by_dataset = [], 0, 0, {}
     for dataset, dataset_prompts in prompts.items():
         task = per_task.get(dataset)
-        if task is None:
-            arms["full"] = once
-        elif task["rule"]:
-            arms["full"] = arms["graft_rule" if task["tdes"] else "rule"]
-        else:
-            arms["full"] = (task["budget"], task["tdes"], None)
+        arms["full"] = once if task is None else task
         budget, tdes, rule = arms["full"]
         full_by_dataset[dataset] = {"budget": budget, "tdes": tdes, "rule": rule is not None,
                                     "per_task": task is not None}  # fmt: skip
@@ -259,9 +256,10 @@ def choose_budgets(
     drafter: BlockProposer,
     scorer: EdgeScorer,
     costs: GraftCosts,
-) -> tuple[dict, dict[str, BlockBudgetRule]]:
+) -> tuple[dict, dict[str, BlockBudgetRule], dict[str, Arm]]:
     """B_learned and the per-round rule, by marginals ("plain") and by TDES ("tdes"), from the
-    collect prompts only (module docstring, rows 5 and 6): (summary, rules)."""
+    collect prompts only (module docstring, rows 5 to 7): (summary, rules, each fitting task's own
+    arm, for full GRAFT where the summary's ``per_task.use`` says so)."""
     cfg, edges = params.graft_eval, params.edges
     t0 = time.perf_counter()
     groups = []
@@ -291,10 +289,11 @@ def choose_budgets(
     arms = choice_arms(cfg.budget_max, (rules["plain"], rules["tdes"]))
     tasks = {s.dataset_id: np.stack([arm_totals(w, costs, arms) for w in g])
              for s, g in zip(specs, groups, strict=True)}  # fmt: skip
-    out["per_task"] = {"arms": {}, "use": False}
-    for task, totals in tasks.items():
-        budget, tdes, rule = arms[best_arm(totals)]
-        out["per_task"]["arms"][task] = {"budget": budget, "tdes": tdes, "rule": rule is not None}
+    task_arms = {task: arms[best_arm(totals)] for task, totals in tasks.items()}
+    summary = {
+        t: {"budget": b, "tdes": tdes, "rule": rule is not None} for t, (b, tdes, rule) in task_arms.items()
+    }
+    out["per_task"] = {"arms": summary, "use": False}
     if len(tasks) >= 2 and min(len(t) for t in tasks.values()) >= 2:
         by_task, pooled = left_out_speedups(tasks, costs.ar_token_ms)
         out["per_task"].update(left_out_speedup=by_task, left_out_speedup_pooled=pooled, use=by_task > pooled)
@@ -302,7 +301,7 @@ def choose_budgets(
     out["questions"] = {s.dataset_id: [s.prompt_start, s.prompt_stop] for s in specs}
     out["seconds"] = time.perf_counter() - t0
     log.info("%s: learned budgets %s", pair_id, out)
-    return out, rules
+    return out, rules, task_arms
 
 
 def wall_speedups(ar_runs: list, runs: dict[str, list]) -> dict[str, float]:

@@ -11,7 +11,7 @@ from collectors import replay
 from collectors.graft_budget import walk_choice_prompt
 from collectors.priced_eval import MemoReplayer, TargetMemo
 from collectors.replay import Replayer
-from decoder.batch_greedy import first_mismatch, greedy_batch
+from decoder.batch_greedy import check_greedy, greedy_batch
 from decoder.block_proposers import CausalLMProposer
 from decoder.config import DecodeConfig
 from decoder.generate import generate
@@ -63,16 +63,17 @@ def test_bad_input_is_refused(pair) -> None:
     assert greedy_batch(pair.target, [], 5, pair.vocab_size) == []
 
 
-def test_first_mismatch_names_the_first_token_that_is_not_the_greedy_one(pair) -> None:
+def test_check_greedy_names_the_first_token_that_is_not_the_greedy_one(pair) -> None:
     prompt = prompts(pair.vocab_size, 1, seed=5)[0]
     out = alone(pair, prompt, 16, ())
-    assert first_mismatch(pair.target, prompt, out, pair.vocab_size) == (None, None)
+    right = check_greedy(pair.target, prompt, out, pair.vocab_size)
+    assert right.wrong is None and right.n_wrong == 0 and right.greedy == out and right.hidden is None
     bad = list(out)
     bad[6] = (bad[6] + 1) % pair.vocab_size
     bad[9] = (bad[9] + 1) % pair.vocab_size
-    wrong, hidden = first_mismatch(pair.target, prompt, bad, pair.vocab_size, hidden_states=True)
-    assert wrong == 6
-    assert hidden is not None and hidden[-1].shape[1] == len(prompt) + len(bad) - 1
+    check = check_greedy(pair.target, prompt, bad, pair.vocab_size, hidden_states=True)
+    assert check.wrong == 6 and check.greedy[6] == out[6] and check.n_wrong >= 2
+    assert check.hidden is not None and check.hidden[-1].shape[1] == len(prompt) + len(bad) - 1
 
 
 def test_the_walk_takes_a_checked_continuation_and_decodes_where_the_gate_rejects_it(pair) -> None:
@@ -119,6 +120,33 @@ def test_a_warmed_replay_is_the_replay_and_decodes_nothing_more(pair, monkeypatc
     for p, w in zip(batch, want, strict=True):
         got = warmed.replay_prompt(p)
         assert got.rounds == w.rounds and got.n_tokens == w.n_tokens
+
+
+def test_warming_checks_each_continuation_with_the_forwards_that_give_its_rows(pair) -> None:
+    """warm runs two unbatched target forwards per prompt (the prefill and the rest of the text), the
+    ones its rows come from; the replay then runs the target no more, and its rows are the unwarmed
+    replay's."""
+    batch = prompts(pair.vocab_size, 4, seed=24)
+    sizes: list[int] = []
+
+    def count(module, args, kwargs, out) -> None:
+        sizes.append(kwargs["input_ids"].shape[0])
+
+    hook = pair.target.get_decoder().register_forward_hook(count, with_kwargs=True)  # every target forward
+    try:
+        warmed = _replayer(pair)
+        warmed.warm(batch)
+        assert sizes.count(1) == 2 * len(batch) and set(sizes) == {1, len(batch)}
+        sizes.clear()
+        inputs = [warmed.inputs(p) for p in batch]
+        rows = [warmed.ngram_with_rows(p, i.text) for p, i in zip(batch, inputs, strict=True)]
+        assert sizes == []
+    finally:
+        hook.remove()
+    fresh = _replayer(pair)
+    for p, i, r in zip(batch, inputs, rows, strict=True):
+        computed = fresh.ngram_with_rows(p, i.text).cache
+        assert r.cache.entries == computed.entries and r.cache.floors == computed.floors
 
 
 def test_a_continuation_the_check_rejects_is_decoded_alone(pair, monkeypatch, caplog) -> None:

@@ -162,7 +162,9 @@ def test_the_lossless_gate_names_the_first_wrong_token(pair) -> None:
     lossless_gate(pair, prompt, out, ())
     bad = list(out)
     bad[5] = (bad[5] + 1) % pair.vocab_size
-    with pytest.raises(RuntimeError, match="output token 5"):
+    with pytest.raises(
+        RuntimeError, match=rf"output token 5 \({bad[5]}\) of 12 .* after its prefix \({out[5]}\)"
+    ):
         lossless_gate(pair, prompt, bad, ())
 
 
@@ -289,7 +291,7 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
     assert set(metrics["priced_over_wall"]) == set(cells[0]["wall"])
 
 
-def choose_on_workspace(root: Path, params: Params) -> tuple[dict, dict]:
+def choose_on_workspace(root: Path, params: Params) -> tuple[dict, dict, dict]:
     """evaluate_graft.choose_budgets on the tiny workspace (TDES fitted first where it is not yet),
     priced by a verification cost that grows with the tree, so neither the largest nor the smallest
     B wins by default."""
@@ -314,8 +316,8 @@ def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None
     for start, datasets in ((2, ["code", "chat"]), (3, ["chat"])):
         held_back = {"datasets": datasets, "held_out_datasets": ["chat"], "prompt_start": start}
         params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
-        choice, rules = choose_on_workspace(workspace, params)
-        got.append(({k: v for k, v in choice.items() if k != "seconds"}, rules))
+        choice, rules, arms = choose_on_workspace(workspace, params)
+        got.append(({k: v for k, v in choice.items() if k != "seconds"}, rules, arms))
     assert got[0] == got[1]
     held_back = {"datasets": ["code"], "held_out_datasets": ["chat"], "prompt_start": 1}
     params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
@@ -329,12 +331,15 @@ def test_full_graft_chooses_per_task_by_leaving_collect_prompts_out(workspace) -
     graft = {"out_dir": str(workspace / "graft"), "budget_max": 20, "rule_caps": [4, 20]}
     held_back = {"datasets": ["code", "chat"], "held_out_datasets": [], "prompt_start": 2}
     params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
-    choice, rules = choose_on_workspace(workspace, params)
+    choice, rules, arms = choose_on_workspace(workspace, params)
     task = choice["per_task"]
     assert choice["questions"] == {"code": [0, 2], "chat": [0, 2]} and set(task["arms"]) == {"code", "chat"}
     assert task["use"] == (task["left_out_speedup"] > task["left_out_speedup_pooled"])
-    for arm in task["arms"].values():
+    assert set(arms) == set(task["arms"])
+    for name, arm in task["arms"].items():
+        budget, tdes, rule = arms[name]  # the arm full GRAFT decodes the task with, as summarised
+        assert (budget, tdes, rule is not None) == (arm["budget"], arm["tdes"], arm["rule"])
         if arm["rule"]:
-            assert arm["budget"] == rules["tdes" if arm["tdes"] else "plain"].cap
+            assert rule is rules["tdes" if arm["tdes"] else "plain"] and budget == rule.cap
         else:
             assert 1 <= arm["budget"] <= 20
