@@ -47,6 +47,7 @@ from collectors.records import runtime_for
 from collectors.report import ReportSpec
 from config.params import load_params, resolve
 from decoder.config import DecodeConfig, TreeConfig
+from decoder.memory import keep_freed_memory
 from decoder.scheduler import load_scheduler
 
 
@@ -105,6 +106,8 @@ def main() -> None:
     params = load_params(
         profile=args.overlay, overrides={"zoo": {"out_dir": args.zoo_dir}} if args.zoo_dir else None
     )
+    if params.runtime.keep_freed_memory:
+        keep_freed_memory()  # as the pipeline's decoding stages (decoder/memory.py)
     s = params.profile
     names = args.pairs or [n for n in s.pairs if params.pair_paths(n)[0].exists()] or [TINY]
     config = DecodeConfig(max_new_tokens=args.max_new_tokens, tree=TreeConfig(**asdict(params.tree)))

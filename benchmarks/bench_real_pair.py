@@ -55,6 +55,7 @@ from decoder.check_lossless import check_outputs, fp32_judge
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import GenerationResult
 from decoder.measure import Method, run_side_by_side, summarise_results
+from decoder.memory import keep_freed_memory
 from decoder.models import load_pair
 from decoder.policies import AR
 from decoder.scheduler import load_scheduler
@@ -315,6 +316,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = load_params(profile=args.profile)
     torch.set_num_threads(params.runtime.torch_threads)
+    if params.runtime.keep_freed_memory:
+        keep_freed_memory()  # as the pipeline's decoding stages (decoder/memory.py)
     infos = [measure_pair(params, pair_id, args) for pair_id in args.pairs]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from collectors.replay import Replayer
 from decoder.check_lossless import LosslessReport, check_outputs, fp32_judge
 from decoder.config import DecodeConfig
 from decoder.generate import GenerationResult
-from decoder.measure import Method, run_side_by_side, summarise
+from decoder.measure import ONCE, Method, Repeats, run_side_by_side, summarise
 from decoder.models import ModelPair
 from decoder.policies import AR, FixedSchedule, RuntimeContext, schedule_bits
 
@@ -148,16 +148,19 @@ def evaluate_cell(
     profile: LatencyProfile,
     warmup_tokens: int = 16,
     beside: LatencyProfile | None = None,
+    repeats: Repeats = ONCE,
 ) -> CellResult:
     """Decode with every method; raise LosslessError on any mismatch; return rows and answers.
 
     ``warmup_tokens``: every method's identical warm-up (decoder.measure.run_side_by_side); a cell
     whose pair and methods the previous cell has just decoded is already warm and may pass fewer.
+    ``repeats``: how often each prompt is timed (decoder.measure.Repeats: a fast pair's prompts again
+    and again, each method keeping its run of median wall time).
     ``beside``: a second profile of the pair, measured next to these decodes; every row then also
     prices its counts with it (``beside_priced_speedup``), to tell a machine that changed speed since
     ``profile`` was measured from a cost model that is wrong.
     """
-    results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens)
+    results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens, repeats=repeats)
     reports = lossless_gate(pair, prompts, results)
     policies = {AR: AR, **{m.name: m.policy for m in methods}}
     rows = [

@@ -37,6 +37,7 @@ from collectors.graft_costs import GraftCosts
 from collectors.graft_eval import ArmRun, BudgetWalker, Round, decode_arm, gate_check, lossless_gate
 from collectors.report import ReportSpec
 from config.params import Params
+from decoder.batch_greedy import NOT_GREEDY
 from decoder.block import BlockProposer, Marginals
 from decoder.config import BlockBudgetRule
 from decoder.edge_scorer import EdgeScorer
@@ -99,9 +100,7 @@ def walk_choice_prompt(
     if output is not None:
         check, features = gate_check(pair, prompt, output, layers)
         if check.wrong is not None:
-            log.warning(
-                "batched continuation: token %d is not the target's greedy one; decoding", check.wrong
-            )
+            log.warning(NOT_GREEDY, check.wrong)
             features = None
     if features is None:
         run = decode_arm(pair, proposer, None, prompt, collect_budget, topk, max_new_tokens)

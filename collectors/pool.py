@@ -26,6 +26,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+import torch
+
+from decoder.memory import keep_freed_memory
+
 
 class TaskError(RuntimeError):
     """A task failed in a worker process (the message names it and carries the traceback)."""
@@ -49,14 +53,14 @@ def _exit_with(sentinel: int) -> None:
     os._exit(1)
 
 
-def _init_worker(threads: int, log_level: int) -> None:
-    import torch
-
+def _init_worker(threads: int, log_level: int, keep_freed: bool) -> None:
     # a parent killed outright (SIGKILL) must not leave workers behind, running or idle
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
     torch.set_num_threads(threads)
+    if keep_freed:
+        keep_freed_memory()
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s [worker %(process)d]: %(message)s")
 
 
@@ -74,8 +78,11 @@ def run_tasks(
     workers: int,
     threads: int,
     done: Callable[[Task, object], None] | None = None,
+    keep_freed: bool = True,
 ) -> list:
-    """``fn(*task.args)`` for every task, in task order; ``done(task, result)`` as each finishes."""
+    """``fn(*task.args)`` for every task, in task order; ``done(task, result)`` as each finishes.
+    Worker processes run ``threads`` torch threads and, with ``keep_freed``, keep freed memory
+    (decoder.memory.keep_freed_memory), as the parent's ``apply_runtime`` does."""
     if workers <= 1 or len(tasks) <= 1:
         out = []
         for t in tasks:
@@ -85,7 +92,7 @@ def run_tasks(
         return out
     results: dict[int, object] = {}
     ctx = multiprocessing.get_context("spawn")
-    init = (threads, logging.getLogger().level)
+    init = (threads, logging.getLogger().level, keep_freed)
     pool = ProcessPoolExecutor(min(workers, len(tasks)), ctx, _init_worker, init)
     try:
         futures = {pool.submit(_run, (i, fn, t.args)): i for i, t in enumerate(tasks)}

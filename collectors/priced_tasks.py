@@ -142,6 +142,9 @@ def priced_cells(
         if progress is not None:
             progress(sum(len(c.tokens) for c in result))
 
-    results = run_tasks(priced_group, tasks, params.evaluate.workers, params.runtime.torch_threads, done)
+    results = run_tasks(
+        priced_group, tasks, params.evaluate.workers, params.runtime.torch_threads, done,
+        params.runtime.keep_freed_memory,
+    )  # fmt: skip
     by_cell = {c: r for g, rs in zip(groups, results, strict=True) for c, r in zip(g, rs, strict=True)}
     return {c: by_cell[c] for c in cells}

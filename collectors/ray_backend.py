@@ -35,6 +35,7 @@ from collectors.plan import pair_tree, profile_for, report_inputs, report_prompt
 from collectors.report import ReportSpec, ReportTables, collect_report, write_report
 from config.params import ROOT, Params, RayParams
 from decoder.config import DecodeConfig
+from decoder.memory import keep_freed_memory
 from decoder.models import load_pair
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,10 @@ class PairCheckpoint:
 class PairWorker:
     """A Ray actor holding one pair's models; collects that pair's reports, returns their tables."""
 
-    def __init__(self, checkpoint: PairCheckpoint, torch_threads: int):
+    def __init__(self, checkpoint: PairCheckpoint, torch_threads: int, keep_freed: bool):
         torch.set_num_threads(torch_threads)
+        if keep_freed:
+            keep_freed_memory()
         with tempfile.TemporaryDirectory(prefix="treegraft-pair-") as tmp:
             target = write_folder(checkpoint.target, Path(tmp) / "target")
             mid = write_folder(checkpoint.mid, Path(tmp) / "mid")
@@ -161,13 +164,14 @@ def _collect_all(
     actors: dict[str, ray.actor.ActorHandle],
 ) -> list[Path]:
     cfg, threads = params.collect, params.runtime.torch_threads
+    keep_freed = params.runtime.keep_freed_memory
     worker = ray.remote(PairWorker).options(num_cpus=threads, num_gpus=cfg.ray.gpus_per_task)
     by_pair: dict[str, list[ReportSpec]] = {}
     for spec in specs:
         by_pair.setdefault(spec.pair_id, []).append(spec)
     pending: dict[ray.ObjectRef, ReportSpec] = {}
     for pair_id, pair_specs in by_pair.items():
-        actors[pair_id] = actor = worker.remote(_checkpoint(params, pair_id), threads)
+        actors[pair_id] = actor = worker.remote(_checkpoint(params, pair_id), threads, keep_freed)
         tokenizer, profile = _tokenizer(params.pair_paths(pair_id)[0]), profile_for(params, pair_id)
         decode = DecodeConfig(cfg.max_new_tokens, 0.0, cfg.seed, pair_tree(params, pair_id))
         for spec in pair_specs:

@@ -5,15 +5,14 @@ the target's greedy continuation g. A round starting after L committed tokens ac
 longest path of its pruned tree that spells g[L:], so no verification forward is needed.
 
 What is shared: g and the target's top-m log-probs at every position are computed once per prompt
-(prompt rows by the same prefill as execute mode; g of a set of prompts in batches by ``warm``,
-each checked against the unbatched target forwards that give its rows, and decoded alone where the
-check fails); the
-mid drafter's KV of the committed text is computed once per prompt and handed to each round start;
-tree construction is shared between schedules with the same prefix (a depth-first walk over the
-2^D schedules, branching the tree and the mid drafter's per-round state). The mid drafter forwards
-each distinct token path of a round start once, whichever schedules' trees hold it
-(collectors/trie_mid.py: a node's mid row depends only on the context and its path); every
-schedule is still charged for all the nodes a real decoder would forward for it.
+(prompt rows by the same prefill as execute mode; g of a set of prompts in batches by ``warm``, each
+checked against the unbatched target forwards that give its rows, and decoded alone where the check
+fails); the mid drafter's KV of the committed text is computed once per prompt and handed to each
+round start; tree construction is shared between schedules with the same prefix (a depth-first walk
+over the 2^D schedules, branching the tree and the mid drafter's per-round state). The mid drafter
+forwards each distinct token path of a round start once, whichever schedules' trees hold it
+(collectors/trie_mid.py: a node's mid row depends only on the context and its path); every schedule
+is still charged for all the nodes a real decoder would forward for it.
 
 Each schedule's trajectory then walks from start to start (L -> L + A + 1) through the memoised
 outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode. The
@@ -37,7 +36,7 @@ from collectors.branch_mid import KV, BranchMid, committed_kv
 from collectors.latency import LatencyProfile
 from collectors.records import RoundRecord
 from collectors.trie_mid import RoundTrie, TrieBranchMid
-from decoder.batch_greedy import greedy_batch
+from decoder.batch_greedy import NOT_GREEDY, GreedyCheck, greedy_batch
 from decoder.budget import verify_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
@@ -228,7 +227,7 @@ class Replayer:
                 self._warm[prompt] = g[:n]
                 self._rows[prompt, tuple(text)] = ngram
             else:
-                log.warning("batched continuation: token %d is not the target's greedy one; decoding", wrong)
+                log.warning(NOT_GREEDY, wrong)
 
     def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
         """The target's greedy continuation with a margin for the deepest tree (from :meth:`warm`
@@ -317,8 +316,7 @@ class Replayer:
         for rows in (prefill.top, tail):
             ngram.cache.set_rows(rows.start, rows.tokens, rows.logps)
         greedy = [int(prefill.logits[:vocab].argmax()), *logits[:, :vocab].argmax(-1).tolist()]
-        wrong = next((i for i, (a, t) in enumerate(zip(greedy, text[start:], strict=True)) if a != t), None)
-        return ngram, wrong
+        return ngram, GreedyCheck(text[start:], greedy, None).wrong
 
     def mid_kv_of(self, text: list[int]) -> DynamicCache:
         cache = DynamicCache()

@@ -341,6 +341,8 @@ class EvaluateParams:
     prompts_per_cell: int  # priced by replay (exact counts x the latency profile)
     wall_prompts_per_cell: int  # the first of them, also decoded for real and timed
     wall_methods: tuple[str, ...]  # methods decoded for real (autoregressive always is)
+    wall_min_ar_s: float  # each wall prompt timed until AR's runs of it last this long ...
+    wall_max_repeats: int  # ... at most this many times; every method keeps its median run
     bootstrap: int  # resamples over prompts for the 95% intervals
     max_new_tokens: int
     workers: int  # processes for the priced replay (1: in this process); wall clock runs alone
@@ -416,6 +418,7 @@ class RuntimeParams:
     """How the decoding stages (profile, collect, evaluate) use the machine."""
 
     torch_threads: int  # 1 keeps timings stable on a shared 2-core machine
+    keep_freed_memory: bool  # glibc keeps freed memory (decoder/memory.py): no page faults in rounds
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,10 @@ def _greedy_rows(
         step += 1
 
 
+# Logged (with the token's index) where a batched continuation fails its check and is decoded alone.
+NOT_GREEDY = "batched continuation: token %d is not the target's greedy one; decoding"
+
+
 @dataclass(frozen=True)
 class GreedyCheck:
     """A continuation against the target's greedy choice after each of its prefixes."""

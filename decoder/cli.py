@@ -2,10 +2,11 @@
 
 `python -m decoder --target PATH [--mid PATH] --prompt TEXT --policy 10101 [--budget B] [--width W]
 [--topk M] [--ngram-min-n N] [--linear onednn]`. The tree flags are TreeConfig's fields
-(decoder/config.py), so the shape the `budget` stage chooses for a pair (its B*, width x topk and the
-n-gram drafter's shortest match) decodes from here as it does in the pipeline. The text printed is the
-target's own output (greedy: token-identical to autoregressive decoding, checked in the table's
-`lossless` column).
+(decoder/config.py), so the shape the `budget` stage chooses for a pair (its B*, width x topk and
+the n-gram drafter's shortest match) decodes from here as it does in the pipeline. Freed memory
+stays in the process, as in the pipeline's decoding stages (decoder/memory.py), unless
+--release-freed-memory. The text printed is the target's own output (greedy: token-identical to
+autoregressive decoding, checked in the table's `lossless` column).
 
 Exit status 2 with one `error: ...` line on stderr for bad input (flags, paths, prompts that do not
 fit, models that cannot be used); argparse reports malformed flags the same way. This module is an
@@ -21,6 +22,7 @@ import sys
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import check_prompt, encode_prompt, generate
 from decoder.measure import Method, format_table, policy_name, run_side_by_side, summarise_results
+from decoder.memory import keep_freed_memory
 from decoder.models import LINEAR_KERNELS, load_pair
 from decoder.policies import AR, parse_policy, uses_mid
 
@@ -62,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="nn.Linear kernel: onednn (CPU) prepacks the weights; on a 2-core CPU it halves an fp32 step",
     )
     p.add_argument("--raw", action="store_true", help="do not apply the tokenizer's chat template")
+    p.add_argument(
+        "--release-freed-memory",
+        action="store_true",
+        help="leave glibc's malloc as it is: freed memory goes back to the kernel and a round's tensors "
+        "fault their pages in again (slower on a CPU; decoder/memory.py)",
+    )
     p.add_argument("--no-compare", action="store_true", help="skip the side-by-side autoregressive run")
     return p.parse_args(argv)
 
@@ -79,6 +87,8 @@ def tree_of(args: argparse.Namespace) -> TreeConfig:
 def main(argv: list[str] | None = None) -> int:
     """Decode one prompt, print the text and a stats table against autoregressive decoding."""
     args = parse_args(argv)
+    if not args.release_freed_memory:
+        keep_freed_memory()
     try:
         if not math.isfinite(args.temperature):
             raise ValueError(f"--temperature must be a finite number, got {args.temperature}")

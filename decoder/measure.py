@@ -7,6 +7,7 @@ measured in this one run. Greedy outputs are checked token-identical to autoregr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -70,6 +71,36 @@ class Method:
     tree: TreeConfig | None = None
 
 
+@dataclass(frozen=True)
+class Repeats:
+    """How often each prompt is timed: until autoregressive decoding's runs of it add up to
+    ``min_ar_s`` seconds (from its first run's time), at most ``most`` times. Every method runs as
+    often as AR on that prompt, interleaved, and keeps its run of median wall time (the lower median
+    of an even count), so one moment of a noisy machine's contention moves no row; a prompt that
+    takes ``min_ar_s`` or longer is timed once."""
+
+    min_ar_s: float = 0.0
+    most: int = 1
+
+    def __post_init__(self) -> None:
+        if self.min_ar_s < 0 or self.most < 1:
+            raise ValueError(f"repeats need min_ar_s >= 0 and most >= 1, got {self}")
+
+    def count(self, ar_wall_s: float) -> int:
+        """Runs of a prompt whose first autoregressive run took ``ar_wall_s`` seconds."""
+        if ar_wall_s <= 0:
+            return self.most
+        return max(1, min(self.most, math.ceil(self.min_ar_s / ar_wall_s)))
+
+
+ONCE = Repeats()  # every prompt timed once
+
+
+def median_run(runs: Sequence[GenerationResult]) -> GenerationResult:
+    """The run of median wall time (the lower median of an even count)."""
+    return sorted(runs, key=lambda r: r.wall_s)[(len(runs) - 1) // 2]
+
+
 def run_side_by_side(
     pair: ModelPair,
     prompts: Sequence[list[int]],
@@ -78,11 +109,14 @@ def run_side_by_side(
     runtime: RuntimeContext | Sequence[RuntimeContext] | None = None,
     warmup_tokens: int = 16,
     timing: bool = True,
+    repeats: Repeats = ONCE,
 ) -> dict[str, list[GenerationResult]]:
     """Same warm-up for every method, then every prompt with every method (AR first, always).
 
     runtime: one context for every prompt, or one per prompt (each with its prompt's own length).
     timing=False: no per-component times (no per-step accelerator syncs), wall times only.
+    repeats: each prompt's methods run again, in the same order, as often as :class:`Repeats`
+    counts from AR's first run of it; each keeps its run of median wall time.
     """
     runtimes = list(runtime) if isinstance(runtime, Sequence) else [runtime] * len(prompts)
     if len(runtimes) != len(prompts):
@@ -94,8 +128,15 @@ def run_side_by_side(
         generate(pair, prompts[0], m.policy, warm, runtimes[0], timing)
     results: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}
     for prompt, rt in zip(prompts, runtimes, strict=True):
-        for m in methods:
-            results[m.name].append(generate(pair, prompt, m.policy, configs[m.name], rt, timing))
+        runs: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}
+        n = 1
+        while len(runs[AR]) < n:
+            for m in methods:
+                runs[m.name].append(generate(pair, prompt, m.policy, configs[m.name], rt, timing))
+            if len(runs[AR]) == 1:
+                n = repeats.count(runs[AR][0].wall_s)
+        for name, mine in runs.items():
+            results[name].append(median_run(mine))
     return results
 
 

@@ -50,7 +50,8 @@ from collectors.plots import new_figure
 from collectors.report import ReportSpec
 from config.params import Params, resolve
 from decoder.policies import AR
-from pipeline.cli import apply_runtime, run_stage
+from pipeline.cli import run_stage
+from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)

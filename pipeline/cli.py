@@ -44,10 +44,3 @@ def run_stage(stage: str, main: Callable[[Params], object]) -> None:
     except ParamsError as err:  # a bad params file: the message names the key, no traceback
         parser.exit(2, f"error: {err}\n")
     main(params)
-
-
-def apply_runtime(params: Params) -> None:
-    """Thread settings for the stages that decode and time (same for profile, collect, evaluate)."""
-    import torch
-
-    torch.set_num_threads(params.runtime.torch_threads)

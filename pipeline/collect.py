@@ -31,7 +31,8 @@ from collectors.report import (
 from collectors.summary import summarise
 from config.params import Params, resolve
 from features.tables import write_table
-from pipeline.cli import apply_runtime, run_stage
+from pipeline.cli import run_stage
+from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_metrics, stage_run
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,10 @@ def run_local(
     workers = params.collect.workers
     tasks = [Task(s.report_id, (params, s, reports_dir, workers <= 1, inputs[s.report_id])) for s in todo]
     with tqdm(total=len(tasks), desc="reports", unit="report") as bar:
-        run_tasks(run_report, tasks, workers, params.runtime.torch_threads, lambda t, r: bar.update())
+        run_tasks(
+            run_report, tasks, workers, params.runtime.torch_threads, lambda t, r: bar.update(),
+            params.runtime.keep_freed_memory,
+        )  # fmt: skip
 
 
 def merge_reports(

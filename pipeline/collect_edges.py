@@ -23,7 +23,8 @@ from decoder.block_drafter import load_block_drafter
 from decoder.config import BlockConfig
 from features.edge_schemas import EDGE_ROUNDS, EDGES
 from features.tables import write_table
-from pipeline.cli import apply_runtime, run_stage
+from pipeline.cli import run_stage
+from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_metrics, stage_run, write_json
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,9 @@ This part runs in ``evaluate.workers`` processes, cells sharing a target computi
 (collectors/priced_tasks.py). As the check, afterwards and with no worker alive, the first
 ``wall_prompts_per_cell`` prompts are also decoded for real by ``wall_methods`` and autoregressive
 decoding, side by side with identical warm-up (the full warm-up on a pair's first cell, a token on
-its later cells, already warm) (wall clock, with a bootstrap interval); any output
+its later cells, already warm) (wall clock, with a bootstrap interval), a fast pair's prompts again
+and again until autoregressive decoding's runs of each last ``wall_min_ar_s`` (at most
+``wall_max_repeats`` runs; every method keeps its run of median wall time); any output
 that differs from autoregressive decoding fails the stage. Each pair is profiled again (one pass of
 the profile stage's measurement) just before its first wall-clock cell, and the decodes' counts are
 priced with both profiles: the check of the cost model on the machine as it ran, beside the check
@@ -60,12 +62,13 @@ from collectors.profiling import measure_profile
 from config.params import Params, resolve
 from decoder.artifact import Artifact, read_artifact
 from decoder.config import Grafting, TreeConfig
-from decoder.measure import Method
+from decoder.measure import Method, Repeats
 from decoder.models import ModelPair
 from decoder.policies import AR
 from decoder.scheduler import LearnedScheduler, check_features, load_scheduler, load_value_planner
 from models.offline import THRESHOLD_OFFSETS
-from pipeline.cli import apply_runtime, run_stage
+from pipeline.cli import run_stage
+from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)
@@ -201,10 +204,17 @@ def profile_drift(stage: LatencyProfile, beside: LatencyProfile) -> dict[str, fl
     return {a.component: a.geomean_ratio for a in compare_profiles(stage, beside)}
 
 
+def wall_repeats(params: Params) -> Repeats:
+    """How often a decoded-for-real prompt is timed (``evaluate.wall_min_ar_s``, ``wall_max_repeats``)."""
+    return Repeats(params.evaluate.wall_min_ar_s, params.evaluate.wall_max_repeats)
+
+
 def _wall_rows(
     params: Params, pair, questions, prompts, methods, config, runtime, profile, warmup, beside
 ) -> tuple:
-    cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, profile, warmup, beside)
+    cell = evaluate_cell(
+        pair, questions, prompts, methods, config, runtime, profile, warmup, beside, wall_repeats(params)
+    )
     ar = np.array([r.wall_s for r in cell.results[AR]])
     ar_decode = ar - np.array([r.prefill_s for r in cell.results[AR]])
     rows = {}
@@ -342,7 +352,9 @@ def _ablation_cells(params: Params, cells: list[tuple[str, str]]) -> list[dict]:
         )
         config = decode_config(params, pair_id)
         methods = ablation_methods(params, config.tree)
-        cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, profile, warmup)
+        cell = evaluate_cell(
+            pair, questions, prompts, methods, config, runtime, profile, warmup, repeats=wall_repeats(params)
+        )
         for row in cell.rows:
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
                        is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
@@ -358,6 +370,7 @@ def main(params: Params) -> dict:
         raise ValueError(f"evaluate: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}")
     if cfg.workers < 1:
         raise ValueError(f"evaluate.workers must be >= 1 (1: in this process), got {cfg.workers}")
+    wall_repeats(params)  # bad wall_min_ar_s or wall_max_repeats fail here, before any work
     out = resolve(cfg.out_dir)
     depth = params.tree.depth
     with stage_run("evaluate", params):

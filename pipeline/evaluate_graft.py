@@ -84,7 +84,8 @@ from decoder.edge_scorer import EdgeScorer, load_edge_scorer
 from decoder.files import replace_atomically
 from decoder.models import ModelPair
 from models.budget_rule import cross_fitted_speedups, fit_budget_rule
-from pipeline.cli import apply_runtime, run_stage
+from pipeline.cli import run_stage
+from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_metrics, stage_run
 
 log = logging.getLogger(__name__)

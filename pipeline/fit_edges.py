@@ -26,7 +26,8 @@ from features.edge_schemas import EDGE_ROUNDS, EDGES
 from features.tables import read_table
 from models.edge_cv import cell_budget_of, cross_fit
 from models.edge_scorer_fit import edge_data, export_scorer, fit_tdes
-from pipeline.cli import apply_runtime, run_stage
+from pipeline.cli import run_stage
+from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)

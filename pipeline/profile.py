@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from collectors.latency import LatencyProfile, compare_profiles, median_profile, save_profile
 from config.params import Params, ProfileParams, resolve
 from decoder.config import TreeConfig
-from pipeline.cli import apply_runtime, run_stage
+from pipeline.cli import run_stage
+from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_metrics, stage_run, write_json
 
 if TYPE_CHECKING:

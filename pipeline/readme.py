@@ -44,7 +44,10 @@ def results_section(params: Params) -> str:
             transfer_line(json.loads(_read(ev / "metrics.json"))),
             "### Wall clock (the same methods decoded for real, side by side with autoregressive decoding)",
             f"The first {params.evaluate.wall_prompts_per_cell} prompts of each cell, every output checked "
-            "token-identical to autoregressive decoding; 'priced, same runs' prices these runs' own counts.",
+            "token-identical to autoregressive decoding; 'priced, same runs' prices these runs' own counts. "
+            f"A prompt is decoded by every method in turn until autoregressive decoding's runs of it last "
+            f"{params.evaluate.wall_min_ar_s:g} s (at most {params.evaluate.wall_max_repeats} runs: the "
+            "fast pairs'), each method keeping its run of median wall time.",
             _read(ev / "wall.md"),
             pricing_line(json.loads(_read(ev / "metrics.json"))),
             gains_line(json.loads(_read(ev / "metrics.json")), "speedup"),

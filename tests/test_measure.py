@@ -1,0 +1,106 @@
+"""Side-by-side timing (decoder/measure.py): a prompt timed again and again where it is fast, each
+method keeping its run of median wall time, so one slow moment of the machine moves no row."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from conftest import noisy_copy, tiny_model
+
+from decoder import measure
+from decoder.config import DecodeConfig
+from decoder.measure import ONCE, Method, Repeats, median_run, run_side_by_side, summarise_results
+from decoder.models import make_pair
+from decoder.outcome import GenerationResult
+from decoder.policies import AR
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("qwen3", seed=91)
+    return make_pair(target, noisy_copy(target, 0.3, seed=92), eos_token_ids=(0,))
+
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9]]
+METHODS = [Method("all-small", "all-small"), Method("all-mid", "all-mid")]
+
+
+def test_count_reaches_the_wanted_ar_time_within_the_cap() -> None:
+    repeats = Repeats(min_ar_s=1.0, most=9)
+    for ar_s in (0.01, 0.09, 0.3, 0.55, 0.99, 1.0, 2.5):
+        n = repeats.count(ar_s)
+        assert 1 <= n <= 9
+        # enough runs to last min_ar_s, unless capped; one fewer would not be enough
+        assert n * ar_s >= 1.0 or n == 9
+        assert n == 1 or (n - 1) * ar_s < 1.0
+    assert repeats.count(2.5) == 1 and repeats.count(0.01) == 9
+    assert ONCE.count(0.001) == 1
+
+
+@pytest.mark.parametrize("bad", [{"min_ar_s": -1.0, "most": 3}, {"min_ar_s": 1.0, "most": 0}])
+def test_bad_repeats_are_refused(bad) -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        Repeats(**bad)
+
+
+def test_median_run_is_the_lower_median_of_wall_time() -> None:
+    runs = [GenerationResult([1], [], 0.0, w, False) for w in (0.5, 0.1, 0.9, 0.3)]
+    assert median_run(runs).wall_s == 0.3
+    assert median_run(runs[:3]).wall_s == 0.5
+    assert median_run(runs[:1]) is runs[0]
+
+
+def recording(monkeypatch, slow_ar_run: int | None = None) -> list[tuple[str, GenerationResult]]:
+    """Record every timed `generate` call of decoder.measure (policy, result); with ``slow_ar_run``,
+    that autoregressive run (counted from 0, warm-up included) takes 5 s longer, as a moment of a
+    contended machine would make it."""
+    calls: list[tuple[str, GenerationResult]] = []
+    real = measure.generate
+
+    def timed(pair, prompt, policy, config, runtime, timing):
+        result = real(pair, prompt, policy, config, runtime, timing)
+        if policy == AR and slow_ar_run is not None and sum(p == AR for p, _ in calls) == slow_ar_run:
+            result = replace(result, wall_s=result.wall_s + 5.0)
+        calls.append((policy, result))
+        return result
+
+    monkeypatch.setattr(measure, "generate", timed)
+    return calls
+
+
+def test_each_prompt_runs_interleaved_and_keeps_the_median_run(pair, monkeypatch) -> None:
+    calls = recording(monkeypatch)
+    config = DecodeConfig(max_new_tokens=12)
+    results = run_side_by_side(pair, PROMPTS, METHODS, config, warmup_tokens=4, repeats=Repeats(1e6, 3))
+    names = [AR, "all-small", "all-mid"]
+    # warm-up once per method, then per prompt three rounds of AR, all-small, all-mid in turn
+    assert [p for p, _ in calls] == names + names * 3 * len(PROMPTS)
+    timed = calls[len(names) :]
+    for i in range(len(PROMPTS)):
+        rounds = timed[9 * i : 9 * (i + 1)]
+        for k, name in enumerate(names):
+            runs = [r for _, r in rounds[k::3]]
+            assert len({tuple(r.new_tokens) for r in runs}) == 1  # greedy: every run the same text
+            assert results[name][i] is sorted(runs, key=lambda r: r.wall_s)[1]
+
+
+def test_a_slow_moment_moves_a_single_run_but_not_the_median(pair, monkeypatch) -> None:
+    """The first timed AR run of the first prompt is 5 s slower: timed once, every method looks
+    far faster than AR; timed three times, each keeping its median, the speedups stay below 5x."""
+    config = DecodeConfig(max_new_tokens=12)
+    speedups = {}
+    for label, repeats in (("once", ONCE), ("median", Repeats(1e6, 3))):
+        recording(monkeypatch, slow_ar_run=1)  # run 0 is the warm-up
+        results = run_side_by_side(pair, PROMPTS, METHODS, config, warmup_tokens=4, repeats=repeats)
+        speedups[label] = {n: m.speedup_vs_ar for n, m in summarise_results(results, 0.0).items()}
+        monkeypatch.undo()
+    assert speedups["once"]["all-small"] > 20
+    assert speedups["median"]["all-small"] < 5 and speedups["median"]["all-mid"] < 5
+
+
+def test_a_prompt_as_long_as_wanted_runs_once(pair, monkeypatch) -> None:
+    calls = recording(monkeypatch)
+    run_side_by_side(pair, PROMPTS, METHODS, DecodeConfig(max_new_tokens=8), warmup_tokens=4,
+                     repeats=Repeats(min_ar_s=1e-9, most=9))  # fmt: skip
+    assert len(calls) == 3 + 3 * len(PROMPTS)
