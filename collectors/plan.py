@@ -7,9 +7,10 @@ or by content digest). `run_report` does one report end to end and writes it ato
 inputs in its manifest. Both backends (local, Ray) call `run_report`.
 
 Digests: a model enters the inputs as `digest_folder` (every file: weights, config, tokenizer;
-cached per process while sizes and mtimes hold), the code as `digest_code` of the project source
-that `collectors.plan` can import (found on the source, lazy imports included), so a change to
-the decoder recollects instead of reusing rows the old code computed.
+cached per process while sizes and mtimes hold), the code as `digest_code`: the fingerprint of the
+project source that `collectors.plan` can import (its normalised AST and the library versions, as
+the DVC stages' fingerprints), so a change to what the decoder does recollects instead of reusing
+rows the old code computed, while a comment or docstring edit keeps them.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from collectors.report import (
     specs_for,
     write_report,
 )
-from collectors.source_closure import source_files
-from config.params import ROOT, Params, TreeParams, resolve
+from collectors.source_closure import closure_fingerprint
+from config.params import Params, TreeParams, resolve
 from decoder.config import DecodeConfig, TreeConfig
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
-KEY_VERSION = 1  # bump when the meaning of an entry of report_inputs changes
+KEY_VERSION = 2  # bump when the meaning of an entry of report_inputs changes
 REPORT_CODE = ("collectors.plan",)  # the modules whose import closure computes a report
 
 
@@ -219,5 +220,6 @@ def digest_folder(folder: Path) -> str:
 
 @cache
 def digest_code(roots: tuple[str, ...]) -> str:
-    """One digest of the source the modules ``roots`` can import (cached per process)."""
-    return digest_json([(p.relative_to(ROOT).as_posix(), digest_file(p)) for p in source_files(roots)])
+    """The fingerprint of the source the modules ``roots`` can import (cached per process): the
+    same digest as the DVC stages' (collectors.source_closure), so a comment edit keeps the reports."""
+    return str(closure_fingerprint(roots)["digest"])

@@ -1,18 +1,27 @@
-"""The project source a module can import, found on the source itself (ast, lazy imports included).
+"""The project source a module can import, found on the source itself (ast, lazy imports included),
+and a fingerprint of that source that only changes when what the code does changes.
 
-Used for the code digest in a report's resume key (collectors/plan.py) and by the test that checks
-each DVC stage's deps against what its module imports (tests/test_dvc_truth.py).
+A file's fingerprint is the sha256 of its normalised AST: docstrings, comments and formatting are
+gone, so they never rerun a stage; a constant, an operator or a default argument is in the AST, so
+a change to it does. A closure's digest also covers the Python, torch and transformers versions.
+Used by the ``fingerprint`` DVC stage (pipeline/fingerprint.py: one digest per stage, the stage's
+only code dependency) and by a report's resume key (collectors/plan.py).
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
+import platform
 from collections.abc import Iterable
+from importlib import metadata
 from pathlib import Path
 
 from config.params import ROOT
 
 PACKAGES = ("config", "decoder", "features", "collectors", "models", "pipeline")
+VERSIONED = ("torch", "transformers")  # the libraries whose numerics the stages' outputs carry
 
 
 def module_file(module: str) -> Path | None:
@@ -52,3 +61,47 @@ def source_files(roots: Iterable[str]) -> list[Path]:
                 seen.add(path)
                 todo.extend(imported_modules(path.read_text(encoding="utf-8")))
     return sorted(seen)
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+def normalised_source(source: str) -> str:
+    """The source's AST as text, without docstrings, comments, formatting or line numbers."""
+    tree = _without_docstrings(ast.parse(source))
+    return ast.dump(tree, annotate_fields=True, include_attributes=False)
+
+
+def file_fingerprint(path: Path) -> str:
+    """sha256 of a source file's normalised AST."""
+    text = normalised_source(path.read_text(encoding="utf-8"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def runtime_versions() -> dict[str, str]:
+    """The Python, torch and transformers versions (installed metadata: nothing is imported)."""
+    versions = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def closure_fingerprint(roots: Iterable[str]) -> dict[str, object]:
+    """Per file of the closure of ``roots``, its fingerprint; the versions; and one digest over both."""
+    files = {p.relative_to(ROOT).as_posix(): file_fingerprint(p) for p in source_files(roots)}
+    body = {"files": files, "versions": runtime_versions()}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return {"digest": digest, **body}

@@ -4,9 +4,9 @@ Contract: :func:`git_state` is the repository's HEAD and whether tracked or untr
 from it (``dvc.lock`` excluded: DVC rewrites it after every stage of one pipeline run).
 :func:`declared_values` reads, flattened (``collect.max_new_tokens``), exactly the params entries
 dvc.yaml lists for a stage, through the restricted Params the stage got, so a logged param is a
-param the stage can read. :func:`stage_inputs` are the stage's data deps in dvc.yaml (project code
-and the overlay file are covered by the revision and the params); :func:`data_hash` hashes their
-contents (file paths relative to each dep, then bytes).
+param the stage can read. :func:`stage_inputs` are the stage's deps in dvc.yaml but the overlay file
+(covered by the params): its data and its code fingerprint (artifacts/fingerprints/<stage>.json);
+:func:`data_hash` hashes their contents (file paths relative to each dep, then bytes).
 """
 
 from __future__ import annotations

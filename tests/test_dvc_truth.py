@@ -1,13 +1,17 @@
-"""dvc.yaml tells the truth: a stage lists every project file it can import and every param it reads.
+"""dvc.yaml tells the truth: a stage depends on the fingerprint of exactly the code it can import,
+and lists every param it reads.
 
-The import side is checked statically (tests/import_closure.py). The params side is enforced at
-run time by config.params.restrict, which the stage tests go through (pipeline.cli.stage_params);
-here we check that every declared entry names a real key and that the overlay is tracked.
+The code side: each stage's only code dependency is ``artifacts/fingerprints/<stage>.json``
+(pipeline/fingerprint.py), which covers the stage module's whole import closure (found statically,
+lazy imports included: tests/import_closure.py). The params side is enforced at run time by
+config.params.restrict, which the stage tests go through (pipeline.cli.stage_params); here we check
+that every declared entry names a real key and that the overlay is tracked.
 """
 
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -16,8 +20,12 @@ from import_closure import ROOT, import_closure
 
 from config.params import load_params
 from pipeline.cli import declared_params, stage_params
+from pipeline.fingerprint import OUT_DIR, fingerprints, stage_modules
 
-STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+SPEC = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+STAGES = {name: spec for name, spec in SPEC.items() if name != "fingerprint"}
+CODE_DIRS = ("config", "decoder", "features", "collectors", "models", "pipeline")
+_fingerprints = cache(fingerprints)
 
 
 def _module(stage: str) -> str:
@@ -26,24 +34,34 @@ def _module(stage: str) -> str:
     return match[1]
 
 
-@pytest.mark.parametrize("stage", sorted(STAGES))
-def test_deps_cover_the_import_closure(stage: str) -> None:
-    deps = [Path(d) for d in STAGES[stage]["deps"]]
-    missing = [
-        str(rel)
-        for path in sorted(import_closure(_module(stage)))
-        if not any((rel := path.relative_to(ROOT)) == d or d in rel.parents for d in deps)
+def test_the_fingerprint_stage_comes_first_and_watches_every_code_folder() -> None:
+    assert next(iter(SPEC)) == "fingerprint"
+    assert set(SPEC["fingerprint"]["deps"]) == set(CODE_DIRS)
+    assert [next(iter(o)) if isinstance(o, dict) else o for o in SPEC["fingerprint"]["outs"]] == [
+        OUT_DIR.as_posix()
     ]
-    assert not missing, f"dvc.yaml stage {stage!r} misses deps it imports: {missing}"
+    assert stage_modules() == {stage: _module(stage) for stage in STAGES}
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
-def test_code_deps_exist_and_are_imported(stage: str) -> None:
-    """No stale entries: a listed .py file exists and is in the closure (else DVC reruns for nothing)."""
-    closure = {p.relative_to(ROOT) for p in import_closure(_module(stage))}
-    listed = [Path(d) for d in STAGES[stage]["deps"] if d.endswith(".py")]
-    assert all((ROOT / d).is_file() for d in listed)
-    assert set(listed) <= closure, sorted(map(str, set(listed) - closure))
+def test_a_stage_depends_on_its_fingerprint_and_on_no_source_file(stage: str) -> None:
+    deps = STAGES[stage]["deps"]
+    assert (OUT_DIR / f"{stage}.json").as_posix() in deps
+    code = [d for d in deps if d.endswith(".py") or d.split("/")[0] in CODE_DIRS]
+    assert not code, f"{stage}: code deps besides its fingerprint: {code}"
+    assert not [
+        d for d in deps if d.startswith(OUT_DIR.as_posix()) and d != f"{OUT_DIR.as_posix()}/{stage}.json"
+    ]
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_the_fingerprint_covers_the_import_closure(stage: str) -> None:
+    """What tests/test_dvc_truth.py checked file by file before: every file the stage's process can
+    import is in its fingerprint, and nothing else is."""
+    closure = {p.relative_to(ROOT).as_posix() for p in import_closure(_module(stage))}
+    files = set(_fingerprints()[stage]["files"])
+    assert files == closure
+    assert f"pipeline/{stage}.py" in files or _module(stage).replace(".", "/") + ".py" in files
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
