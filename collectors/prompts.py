@@ -10,13 +10,15 @@ except in :func:`encode_prompts`, which takes any tokenizer with ``encode``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from decoder.templates import render
+from decoder.templates import AUTO, ChatTokenizer, render_prompt
 
 QUESTION_FILE = "question.jsonl"
 
@@ -116,9 +118,12 @@ def write_questions(path: Path | str, questions: Iterable[Question]) -> int:
     return n
 
 
-def format_prompt(question: Question, template: str, system: str | None = None) -> str:
-    """The first turn of a question rendered with a registry template (paper: first turn only)."""
-    return render(template, [question.turns[0]], system=system)
+def format_prompt(
+    question: Question, template: str, system: str | None = None, tokenizer: ChatTokenizer | None = None
+) -> str:
+    """The first turn of a question rendered with a registry template, or with the tokenizer's own
+    for ``auto`` (paper: first turn only)."""
+    return render_prompt(template, [question.turns[0]], tokenizer, system=system)
 
 
 def encode_prompts(
@@ -127,9 +132,49 @@ def encode_prompts(
     template: str,
     max_prompt_tokens: int,
 ) -> list[list[int]]:
-    """Format and tokenize; over-long prompts keep their last ``max_prompt_tokens`` tokens."""
+    """Format and tokenize; over-long prompts keep their last ``max_prompt_tokens`` tokens.
+    ``auto`` takes the chat template from ``tokenizer`` (decoder.templates.AUTO)."""
+    chat = tokenizer if template == AUTO else None
     out = []
     for q in questions:
-        ids = tokenizer.encode(format_prompt(q, template), add_special_tokens=False)
+        ids = tokenizer.encode(format_prompt(q, template, tokenizer=chat), add_special_tokens=False)
         out.append(ids[-max_prompt_tokens:])
     return out
+
+
+CATEGORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a category names a dataset folder
+
+
+def split_by_category(path: Path | str, reserved: Collection[str] = ()) -> dict[str, list[Question]]:
+    """A user's Spec-Bench ``question.jsonl`` (any path), validated, grouped by ``category``: each
+    category becomes a dataset of that name, in first-seen order. A category that cannot name a
+    folder, or that is ``reserved`` (the embedded datasets' names, ``corpus``), fails naming the
+    first line that uses it."""
+    path = Path(path)
+    questions = load_questions(path, dataset="")
+    first_line = _first_lines(path)
+    groups: dict[str, list[Question]] = {}
+    for q in questions:
+        if q.category not in groups:
+            where = f"{path}:{first_line[q.question_id]}"
+            if not CATEGORY.fullmatch(q.category):
+                raise PromptFileError(
+                    f"{where}: category {q.category!r} must be letters, digits, '.', '_' or '-' "
+                    "(it names the dataset's folder)"
+                )
+            if q.category in reserved:
+                raise PromptFileError(
+                    f"{where}: category {q.category!r} is taken by a built-in dataset; rename it"
+                )
+            groups[q.category] = []
+        groups[q.category].append(dataclasses.replace(q, dataset=q.category))
+    return groups
+
+
+def _first_lines(path: Path) -> dict[int | str, int]:
+    """question_id -> its line (the file already passed :func:`load_questions`)."""
+    lines: dict[int | str, int] = {}
+    for lineno, raw in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
+        if raw.strip():
+            lines[json.loads(raw)["question_id"]] = lineno
+    return lines

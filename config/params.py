@@ -8,6 +8,12 @@ Contract: :func:`load_params` reads ``params.yaml``, deep-merges its overlay
 dotted key. A later stage adds a section by writing one frozen dataclass and adding one field to
 :class:`Params` (and the section to params.yaml); the generic parser needs no change.
 
+Values are checked too, declaratively: a field's range, enum or pattern sits beside its type as
+``rule(...)`` metadata (config/validation.py), numbers are finite and >= 0 unless a rule says more,
+and output folders (``out_dir``, ``*_dir``, ``mlflow.db``, ``real_pair.*.out``) stay inside the
+project. One :class:`ParamsError` lists every bad key of a load with its dotted path; duplicate YAML
+keys in params.yaml or a profile are refused with their line.
+
 Profiles: ``base`` (no changes, the default), ``smoke`` (tiny sizes for tests and CI) and
 ``real-pair`` (opt-in real checkpoint pair). params.yaml's ``overlay`` key selects one, so DVC sees
 the choice: ``dvc exp run -S overlay=smoke``. ``--profile`` on a stage CLI overrides it for a run
@@ -20,31 +26,50 @@ section raises, so a stage cannot depend on a param DVC does not track.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
+from config.model_paths import resolve_model
+from config.validation import BITS, SHA256, ParamsError, field_problems, load_yaml, rule, rule_of
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAY_KEY = "overlay"  # params.yaml names its overlay profiles/<overlay>.yaml (DVC tracks both)
 T = TypeVar("T")
+K = TypeVar("K")
 
-
-class ParamsError(ValueError):
-    """params.yaml (or a profile) does not match the declared sections."""
+# Allowed values, copied from the code that consumes them (config imports nothing of the project;
+# tests/test_params_validation.py checks each copy against its source).
+DTYPES = ("float32", "float16", "bfloat16")  # decoder.models.DTYPES
+DEVICE = r"cpu|mps|cuda(:[0-9]+)?"  # what decoder.models.check_device can load onto
+LINEAR_KERNELS = ("stock", "onednn")  # decoder.models.LINEAR_KERNELS
+TEMPLATES = ("zoo", "chatml", "llama3", "plain")  # decoder.templates.TEMPLATES
+PAIR_TEMPLATES = (*TEMPLATES, "auto")  # + decoder.templates.AUTO: the tokenizer's own chat template
+# A user's Spec-Bench question file: inside prompts/, the folder dvc.yaml's data stage depends on.
+QUESTIONS = r"(prompts/[A-Za-z0-9._/-]+\.jsonl)?"
+ARCHS = ("qwen3", "llama")  # models.lm_training.ARCHS
+GRAFTING = ("non_destructive", "overwrite")  # decoder.config.Grafting
+BUDGET_MODES = ("measured", "fixed")  # pipeline.budget.MODES
+COLLECT_MODES = ("replay", "execute")  # collectors.report.MODES
+BACKENDS = ("local", "ray")  # collectors.plan.BACKENDS
+MARGIN_SOURCES = ("value", "oracle")  # the distill stage's margin sources
+LOSSES = ("auto", "mse", "weighted_mse", "weighted_logistic")  # the distill stage's LOSS_CHOICES
+THRESHOLD_RULES = ("rounds", "walked", "state")  # the distill stage's THRESHOLD_RULES
+TRAIN_SETS = ("auto", "canonical", "rounds", "both")  # "auto" + the distill stage's TRAIN_SETS
+REQUIREMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*"  # name==version
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Minibatch training settings of a small regressor (see models.training.fit_regressor)."""
 
-    epochs: int
-    batch_size: int
-    lr: float
+    epochs: int = rule(ge=1)
+    batch_size: int = rule(ge=1)
+    lr: float = rule(gt=0)
     weight_decay: float
     seed: int
 
@@ -53,36 +78,38 @@ class TrainConfig:
 class PinnedPackage:
     """A registry file pinned twice: ``name==version`` and the SHA-256 of the downloaded file."""
 
-    requirement: str
-    sha256: str
+    requirement: str = rule(pattern=REQUIREMENT)
+    sha256: str = rule(pattern=SHA256)
 
 
 @dataclass(frozen=True)
 class DataParams:
     out_dir: str
     seed: int
-    n_questions: int
-    datasets: tuple[str, ...]
+    n_questions: int = rule(ge=1)
+    datasets: tuple[str, ...] = rule(nonempty=True)
     stdlib_corpus_chars: int
-    template: str
+    template: str = rule(choices=TEMPLATES)
     packages: dict[str, PinnedPackage]  # collectors/embedded_data.py SOURCES key -> pin
+    # "" or prompts/<file>.jsonl: a user's Spec-Bench question file; each category becomes a dataset
+    questions: str = rule(pattern=QUESTIONS)
 
 
 @dataclass(frozen=True)
 class TokenizerParams:
-    vocab_size: int
-    min_frequency: int
-    max_chars: int
+    vocab_size: int = rule(ge=1)
+    min_frequency: int = rule(ge=1)
+    max_chars: int = rule(ge=1)
 
 
 @dataclass(frozen=True)
 class TrainParams:
-    seq_len: int
-    batch_size: int
-    lr: float
+    seq_len: int = rule(ge=1)
+    batch_size: int = rule(ge=1)
+    lr: float = rule(gt=0)
     warmup_steps: int
-    threads: int
-    corpus_chars: int
+    threads: int = rule(ge=1)
+    corpus_chars: int = rule(ge=1)
 
 
 @dataclass(frozen=True)
@@ -95,12 +122,12 @@ class ModelSpec:
     model trains and distills on; empty means all of them.
     """
 
-    arch: str
-    layers: int
-    d_model: int
-    heads: int
-    kv_heads: int
-    ffn: int
+    arch: str = rule(choices=ARCHS)
+    layers: int = rule(ge=1)
+    d_model: int = rule(ge=1)
+    heads: int = rule(ge=1)
+    kv_heads: int = rule(ge=1)
+    ffn: int = rule(ge=1)
     steps: int
     teacher: str
     init_from: str
@@ -119,21 +146,21 @@ class BlockDrafterSpec:
     ``corpus`` windows; the last ``held_out`` are held out), loss weights exp(-(k-1) / gamma).
     """
 
-    target: str
+    target: str = rule(nonempty=True)
     corpus: tuple[str, ...]
-    k: int
-    target_layers: int
-    context: int
-    layers: int
-    d_model: int
-    heads: int
-    ffn: int
+    k: int = rule(ge=1)
+    target_layers: int = rule(ge=1)
+    context: int = rule(ge=1)
+    layers: int = rule(ge=1)
+    d_model: int = rule(ge=1)
+    heads: int = rule(ge=1)
+    ffn: int = rule(ge=1)
     steps: int
-    batch_size: int
-    lr: float
-    gamma: float
-    sequences: int
-    new_tokens: int
+    batch_size: int = rule(ge=1)
+    lr: float = rule(gt=0)
+    gamma: float = rule(gt=0)
+    sequences: int = rule(ge=1)
+    new_tokens: int = rule(ge=1)
     held_out: int
 
 
@@ -141,7 +168,7 @@ class BlockDrafterSpec:
 class ZooParams:
     out_dir: str
     seed: int
-    template: str
+    template: str = rule(choices=TEMPLATES)
     tokenizer: TokenizerParams
     train: TrainParams
     models: dict[str, ModelSpec]
@@ -152,44 +179,44 @@ class ZooParams:
 class PairSpec:
     """A target/mid pair by local path; ``{zoo}`` in a path means ``zoo.out_dir``."""
 
-    target: str
-    mid: str
-    dtype: str
-    device: str
-    template: str
-    linear: str  # the models' nn.Linear kernel: decoder.models.LINEAR_KERNELS
+    target: str = rule(nonempty=True)
+    mid: str = rule(nonempty=True)
+    dtype: str = rule(choices=DTYPES)
+    device: str = rule(pattern=DEVICE)
+    template: str = rule(choices=PAIR_TEMPLATES)  # auto: the tokenizer's chat_template
+    linear: str = rule(choices=LINEAR_KERNELS)  # the models' nn.Linear kernel: decoder.models.LINEAR_KERNELS
 
 
 @dataclass(frozen=True)
 class ChunkedModel:
     """A GGUF file split over registry packages (see models/real_pair.py), each wheel pinned."""
 
-    packages: tuple[PinnedPackage, ...]
-    sha256: str
-    out: str
+    packages: tuple[PinnedPackage, ...] = rule(nonempty=True)
+    sha256: str = rule(pattern=SHA256)
+    out: str = rule(inside=True, nonempty=True)
 
 
 @dataclass(frozen=True)
 class RealPairParams:
     target: ChunkedModel
     mid: ChunkedModel
-    dtype: str
+    dtype: str = rule(choices=DTYPES)
 
 
 @dataclass(frozen=True)
 class TreeParams:
     """Draft-tree settings shared by every stage that decodes (fields of decoder.config.TreeConfig)."""
 
-    depth: int
-    width: int
-    topk: int
-    budget: int
+    depth: int = rule(ge=1)
+    width: int = rule(ge=1)
+    topk: int = rule(ge=1)
+    budget: int = rule(ge=1)
     extended_grafting: bool
-    grafting: str
-    ngram_max_n: int
-    ngram_max_matches: int
-    ngram_chain_len: int
-    ngram_min_n: int
+    grafting: str = rule(choices=GRAFTING)
+    ngram_max_n: int = rule(ge=1)
+    ngram_max_matches: int = rule(ge=1)
+    ngram_chain_len: int = rule(ge=1)
+    ngram_min_n: int = rule(ge=1)
     sequential: bool
 
 
@@ -197,18 +224,19 @@ class TreeParams:
 class ProfileParams:
     """The ``profile`` stage: one latency profile per pair (see collectors/latency.py)."""
 
-    pairs: tuple[str, ...]
+    pairs: tuple[str, ...] = rule(nonempty=True)
     out_dir: str
-    context_len: int
+    context_len: int = rule(ge=1)
     warmup: int  # discarded repeats
-    repeats: int  # kept repeats: a figure is the median of per-repeat medians
-    samples_per_repeat: int  # round-robin passes over every component within one repeat
-    sizes: tuple[int, ...]  # tree nodes for verify (up to budget + 1) and for the per-round tree work
-    mid_tokens: tuple[int, ...]  # mid-call table: tokens one call forwards
+    repeats: int = rule(ge=1)  # kept repeats: a figure is the median of per-repeat medians
+    samples_per_repeat: int = rule(ge=1)  # round-robin passes over every component within one repeat
+    # tree nodes for verify (up to budget + 1) and for the per-round tree work
+    sizes: tuple[int, ...] = rule(ge=1)
+    mid_tokens: tuple[int, ...] = rule(ge=1)  # mid-call table: tokens one call forwards
     mid_fed: tuple[int, ...]  # mid-call table: tree nodes already fed this round (0 included)
     # whole measurements of every pair, the pairs in turn; a figure is their median (a slow spell
     # of the machine hits one pass of a pair and is outvoted)
-    passes: int = 1
+    passes: int = rule(1, ge=1)
     # a job whose run takes at least this many ms (in the first repeat) is sampled once per repeat
     # instead of samples_per_repeat times (0: never)
     long_job_ms: float = 0.0
@@ -219,29 +247,31 @@ class BudgetParams:
     """The ``budget`` stage: each pair's verification budget, measured on the collect prompt slice."""
 
     out_dir: str
-    mode: str  # measured (the sweep picks B) | fixed (every pair gets tree.budget, nothing measured)
-    datasets: tuple[str, ...]  # prompts taken in turn from these
-    prompts_per_pair: int  # from collect.prompt_start on, never reaching evaluate.prompt_start
-    max_new_tokens: int
+    # measured (the sweep picks B) | fixed (every pair gets tree.budget, nothing measured)
+    mode: str = rule(choices=BUDGET_MODES)
+    datasets: tuple[str, ...] = rule(nonempty=True)  # prompts taken in turn from these
+    prompts_per_pair: int = rule(ge=1)  # from collect.prompt_start on, never reaching evaluate.prompt_start
+    max_new_tokens: int = rule(ge=1)
     # (width, topk) tree shapes swept besides B; the best one priced wins. Empty: the tree section's
     # own width and topk only (one sweep per shape: each costs a replay of every prompt).
-    shapes: tuple[tuple[int, ...], ...]
+    shapes: tuple[tuple[int, ...], ...] = rule(ge=1)
     # mixed fixed schedules (bit strings, e.g. "10101") swept beside All-Small and All-Mid
-    schedules: tuple[str, ...]
+    schedules: tuple[str, ...] = rule(pattern=BITS)
     # per-round budget rule (decoder/budget.py verify_budget): multipliers of the gain scale fitted
     # on the sweep's rounds (collectors/budget_sweep.py gain_scale) tried; [] = off
-    round_gain_scales: tuple[float, ...] = ()
+    round_gain_scales: tuple[float, ...] = rule((), gt=0)
     # the rule replaces the fixed budget only when it prices at least this much faster (0.02 = 2%)
     round_min_gain: float = 0.02
 
 
 @dataclass(frozen=True)
 class RayParams:
-    """``collect.backend: ray``: ``address`` joins a running cluster ("" = the RAY_ADDRESS environment
-    variable if set, else a local instance of ``num_cpus`` CPUs); GPUs reserved per pair actor."""
+    """``collect.backend: ray``: ``address`` joins a running cluster, with its own auth ("": a local
+    instance of ``num_cpus`` CPUs on 127.0.0.1 with token auth; RAY_ADDRESS is not joined); GPUs
+    reserved per pair actor."""
 
     address: str
-    num_cpus: int
+    num_cpus: int = rule(ge=1)
     gpus_per_task: float
 
 
@@ -250,17 +280,17 @@ class CollectParams:
     """The ``collect`` stage: every 2^D schedule per report (pair x dataset x prompt slice)."""
 
     out_dir: str
-    mode: str  # replay | execute
-    backend: str  # local | ray
-    pairs: tuple[str, ...]
-    datasets: tuple[str, ...]
+    mode: str = rule(choices=COLLECT_MODES)  # replay | execute
+    backend: str = rule(choices=BACKENDS)  # local | ray
+    pairs: tuple[str, ...] = rule(nonempty=True)
+    datasets: tuple[str, ...] = rule(nonempty=True)
     prompt_start: int
-    prompts_per_report: int
-    max_new_tokens: int
-    max_prompt_tokens: int
+    prompts_per_report: int = rule(ge=1)
+    max_new_tokens: int = rule(ge=1)
+    max_prompt_tokens: int = rule(ge=1)
     seed: int
     round_table_stride: int  # replay: all 2^D schedules at every k-th visited round start (0: none)
-    workers: int  # local backend: processes collecting reports side by side (1: in this process)
+    workers: int = rule(ge=1)  # local backend: processes collecting reports side by side (1: in this process)
     ray: RayParams
 
 
@@ -268,28 +298,28 @@ class CollectParams:
 class MlflowParams:
     """Local MLflow tracking: ``db`` is a SQLite file (relative to the repo), one run per stage."""
 
-    db: str
-    experiment: str
+    db: str = rule(inside=True, nonempty=True)
+    experiment: str = rule(nonempty=True)
 
 
 @dataclass(frozen=True)
 class CanonicalizeParams:
     out_dir: str
-    n_folds: int
+    n_folds: int = rule(ge=2)
 
 
 @dataclass(frozen=True)
 class SelectSignalsParams:
     out_dir: str
-    n_signals: int  # size of the chosen subset
-    sizes: tuple[int, ...]  # subset sizes evaluated and logged (must include n_signals)
+    n_signals: int = rule(ge=1)  # size of the chosen subset
+    sizes: tuple[int, ...] = rule(ge=1)  # subset sizes evaluated and logged (must include n_signals)
     ridge_alpha: float
 
 
 @dataclass(frozen=True)
 class FitValueParams:
     out_dir: str
-    hidden: tuple[int, ...]
+    hidden: tuple[int, ...] = rule(ge=1)
     train: TrainConfig
 
 
@@ -301,14 +331,16 @@ class MarginsParams:
 @dataclass(frozen=True)
 class DistillParams:
     out_dir: str
-    margin_source: str  # value | oracle
+    margin_source: str = rule(choices=MARGIN_SOURCES)  # value | oracle
     relative: bool  # margin / better branch's tokens/s, so reports of different speed weigh alike
-    hidden: tuple[int, ...]
+    hidden: tuple[int, ...] = rule(ge=1)
     train: TrainConfig
-    loss: str  # mse | weighted_mse | weighted_logistic (models/student.py)
+    loss: str = rule(choices=LOSSES)  # mse | weighted_mse | weighted_logistic (models/student.py)
     skip_tolerance_pct: float  # threshold: the largest within this many % points of the best
-    threshold_rule: str  # walked (mean walked % of best) | state (mean per-state regret)
-    train_set: str  # auto | canonical | rounds | both (auto: the best out of fold is exported)
+    # walked (mean walked % of best) | state (mean per-state regret)
+    threshold_rule: str = rule(choices=THRESHOLD_RULES)
+    # auto | canonical | rounds | both (auto: the best out of fold is exported)
+    train_set: str = rule(choices=TRAIN_SETS)
 
 
 @dataclass(frozen=True)
@@ -318,12 +350,19 @@ class ExportParams:
 
 
 @dataclass(frozen=True)
+class DeployParams:
+    """The deployment bundles (pipeline/deploy.py): one folder per evaluated pair, and index.json."""
+
+    out_dir: str
+
+
+@dataclass(frozen=True)
 class AblationParams:
     """Component ablations under the fixed schedule (paper: 10101)."""
 
-    schedule: str
-    pairs: tuple[str, ...]
-    datasets: tuple[str, ...]
+    schedule: str = rule(pattern=BITS)
+    pairs: tuple[str, ...] = rule(nonempty=True)
+    datasets: tuple[str, ...] = rule(nonempty=True)
 
 
 @dataclass(frozen=True)
@@ -333,19 +372,19 @@ class EvaluateParams:
     rows."""
 
     out_dir: str
-    pairs: tuple[str, ...]
-    datasets: tuple[str, ...]
+    pairs: tuple[str, ...] = rule(nonempty=True)
+    datasets: tuple[str, ...] = rule(nonempty=True)
     held_out_pairs: tuple[str, ...]  # never used by collect (and so never by fitting)
     held_out_datasets: tuple[str, ...]
     prompt_start: int  # after the collect slice, so no evaluation prompt was seen in fitting
-    prompts_per_cell: int  # priced by replay (exact counts x the latency profile)
+    prompts_per_cell: int = rule(ge=1)  # priced by replay (exact counts x the latency profile)
     wall_prompts_per_cell: int  # the first of them, also decoded for real and timed
     wall_methods: tuple[str, ...]  # methods decoded for real (autoregressive always is)
     wall_min_ar_s: float  # each wall prompt timed until AR's runs of it last this long ...
-    wall_max_repeats: int  # ... at most this many times; every method keeps its median run
-    bootstrap: int  # resamples over prompts for the 95% intervals
-    max_new_tokens: int
-    workers: int  # processes for the priced replay (1: in this process); wall clock runs alone
+    wall_max_repeats: int = rule(ge=1)  # ... at most this many times; every method keeps its median run
+    bootstrap: int = rule(ge=1)  # resamples over prompts for the 95% intervals
+    max_new_tokens: int = rule(ge=1)
+    workers: int = rule(ge=1)  # processes for the priced replay (1: in this process); wall clock runs alone
     ablation: AblationParams
 
 
@@ -363,27 +402,27 @@ class EdgesParams:
 
     collect_dir: str
     fit_dir: str
-    pairs: tuple[str, ...]
-    drafters: tuple[str, ...]
-    datasets: tuple[str, ...]
-    prompts_per_dataset: int
-    max_new_tokens: int
-    budget: int  # DDTree nodes per recorded round
-    topk: int  # candidates per position
-    proj: int
-    depth_dim: int
-    hidden: int
+    pairs: tuple[str, ...] = rule(nonempty=True)
+    drafters: tuple[str, ...] = rule(nonempty=True)
+    datasets: tuple[str, ...] = rule(nonempty=True)
+    prompts_per_dataset: int = rule(ge=1)
+    max_new_tokens: int = rule(ge=1)
+    budget: int = rule(ge=1)  # DDTree nodes per recorded round
+    topk: int = rule(ge=1)  # candidates per position
+    proj: int = rule(ge=1)
+    depth_dim: int = rule(ge=1)
+    hidden: int = rule(ge=1)
     lambda_kl: float
     lambda_pair: float
     lambda_bce: float
     pair_margin: float
     w1: float
-    epochs: int
-    lr: float
+    epochs: int = rule(ge=1)
+    lr: float = rule(gt=0)
     weight_decay: float
     seed: int
-    n_folds: int
-    eval_budgets: tuple[int, ...]  # A at equal budget is replayed at each of these
+    n_folds: int = rule(ge=2)
+    eval_budgets: tuple[int, ...] = rule(ge=1)  # A at equal budget is replayed at each of these
 
 
 @dataclass(frozen=True)
@@ -400,24 +439,24 @@ class GraftEvalParams:
     ``rule_caps`` (each <= budget_max) there."""
 
     out_dir: str
-    prompts_per_cell: int
+    prompts_per_cell: int = rule(ge=1)
     wall_prompts_per_cell: int  # the first of them, every row also decoded for real and timed
-    max_new_tokens: int
-    budget_max: int
-    choice_prompts_per_dataset: int
-    rule_caps: tuple[int, ...]
+    max_new_tokens: int = rule(ge=1)
+    budget_max: int = rule(ge=1)
+    choice_prompts_per_dataset: int = rule(ge=1)
+    rule_caps: tuple[int, ...] = rule(ge=1)
     rule_l2: float
-    cost_sizes: tuple[int, ...]
+    cost_sizes: tuple[int, ...] = rule(ge=1)
     warmup: int
-    repeats: int
-    passes: int
+    repeats: int = rule(ge=1)
+    passes: int = rule(ge=1)
 
 
 @dataclass(frozen=True)
 class RuntimeParams:
     """How the decoding stages (profile, collect, evaluate) use the machine."""
 
-    torch_threads: int  # 1 keeps timings stable on a shared 2-core machine
+    torch_threads: int = rule(ge=1)  # 1 keeps timings stable on a shared 2-core machine
     keep_freed_memory: bool  # glibc keeps freed memory (decoder/memory.py): no page faults in rounds
 
 
@@ -439,6 +478,7 @@ class Params:
     margins: MarginsParams
     distill: DistillParams
     export: ExportParams
+    deploy: DeployParams
     evaluate: EvaluateParams
     runtime: RuntimeParams
     edges: EdgesParams
@@ -450,13 +490,30 @@ class Params:
             raise KeyError(f"unknown pair {name!r}; known: {sorted(self.pairs)}")
         spec = self.pairs[name]
         zoo = str(resolve(self.zoo.out_dir))
-        return resolve(spec.target.format(zoo=zoo)), resolve(spec.mid.format(zoo=zoo))
+        return (
+            resolve_model(spec.target.format(zoo=zoo), ROOT, f"pairs.{name}.target"),
+            resolve_model(spec.mid.format(zoo=zoo), ROOT, f"pairs.{name}.mid"),
+        )
 
 
 def resolve(path: str) -> Path:
     """Relative paths in params are relative to the repository root."""
     p = Path(path)
     return p if p.is_absolute() else ROOT / p
+
+
+def _gather(builds: Iterable[tuple[K, Callable[[], Any]]]) -> dict[K, Any]:
+    """Run every build; raise one ParamsError with all their problems, or return the results."""
+    out: dict[K, Any] = {}
+    problems: list[str] = []
+    for key, build in builds:
+        try:
+            out[key] = build()
+        except ParamsError as err:
+            problems += err.problems
+    if problems:
+        raise ParamsError(*problems)
+    return out
 
 
 def _parse(tp: Any, value: Any, where: str) -> Any:
@@ -467,12 +524,14 @@ def _parse(tp: Any, value: Any, where: str) -> Any:
         _, val_tp = typing.get_args(tp)
         if not isinstance(value, Mapping):
             raise ParamsError(f"{where}: expected a mapping, got {value!r}")
-        return {str(k): _parse(val_tp, v, f"{where}.{k}") for k, v in value.items()}
+        items = ((str(k), functools.partial(_parse, val_tp, v, f"{where}.{k}")) for k, v in value.items())
+        return _gather(items)
     if origin is tuple:
         (item_tp, _) = typing.get_args(tp)
         if not isinstance(value, list | tuple):
             raise ParamsError(f"{where}: expected a list, got {value!r}")
-        return tuple(_parse(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value))
+        items = ((i, functools.partial(_parse, item_tp, v, f"{where}[{i}]")) for i, v in enumerate(value))
+        return tuple(_gather(items).values())
     if origin in (typing.Union, types.UnionType):
         raise ParamsError(f"{where}: union types are not supported in params")
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
@@ -482,19 +541,44 @@ def _parse(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _parse_field(f: dataclasses.Field[Any], tp: Any, value: Any, where: str) -> Any:
+    """One field's value: its type, then its rule (config/validation.py)."""
+    parsed = _parse(tp, value, where)
+    problems = field_problems(rule_of(f), parsed, where, ROOT)
+    if problems:
+        raise ParamsError(*problems)
+    return parsed
+
+
 def parse_section(cls: type[T], data: Any, where: str) -> T:
-    """Build dataclass ``cls`` from a mapping, rejecting unknown and missing keys."""
+    """Build dataclass ``cls`` from a mapping, rejecting unknown and missing keys and bad values.
+
+    Every problem of the section (and of the sections inside it) is collected first, so the one
+    ParamsError raised names them all.
+    """
     if not isinstance(data, Mapping):
         raise ParamsError(f"{where}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(names))
-    missing = [n for n in names if n not in data]
-    if unknown:
-        raise ParamsError(f"{where}: unknown key(s) {unknown}")
-    if missing:
-        raise ParamsError(f"{where}: missing key(s) {missing}")
-    return cls(**{n: _parse(hints[n], data[n], f"{where}.{n}") for n in names})
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    names = [f.name for f in fields]
+    problems: list[str] = []
+    if unknown := sorted(set(data) - set(names), key=str):
+        problems.append(f"{where}: unknown key(s) {unknown}")
+    if missing := [n for n in names if n not in data]:
+        problems.append(f"{where}: missing key(s) {missing}")
+    builds = (
+        (f.name, functools.partial(_parse_field, f, hints[f.name], data[f.name], f"{where}.{f.name}"))
+        for f in fields
+        if f.name in data
+    )
+    values: dict[str, Any] = {}
+    try:
+        values = _gather(builds)
+    except ParamsError as err:
+        problems += err.problems
+    if problems:
+        raise ParamsError(*problems)
+    return cls(**values)
 
 
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -516,14 +600,14 @@ def load_raw(path: Path | str | None = None, profile: str | None = None) -> dict
     (``profiles/${overlay}.yaml`` in dvc.yaml), so ``dvc exp run -S overlay=smoke`` is tracked.
     """
     path = Path(path) if path else ROOT / "params.yaml"
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    raw = load_yaml(path) or {}
     name = profile if profile is not None else raw.get(OVERLAY_KEY)
     if not isinstance(name, str) or not name:
         raise ParamsError(f"{path}: {OVERLAY_KEY!r} must name a file in profiles/, got {name!r}")
     overlay_path = path.parent / "profiles" / f"{name}.yaml"
     if not overlay_path.is_file():
         raise ParamsError(f"profile {name!r}: {overlay_path} not found")
-    overlay = yaml.safe_load(overlay_path.read_text(encoding="utf-8")) or {}
+    overlay = load_yaml(overlay_path) or {}
     if OVERLAY_KEY in overlay:
         raise ParamsError(f"{overlay_path}: an overlay cannot set {OVERLAY_KEY!r}")
     raw = deep_merge(raw, overlay)

@@ -4,12 +4,28 @@ Contract: a template turns a list of user turns (and the assistant replies alrea
 one prompt string ending where the assistant's next reply starts. Templates are plain strings
 with ``{content}`` slots, never code copied per model. Per-model differences (which template,
 which EOS text) are looked up here by name; nothing here knows about token ids.
+
+:data:`AUTO` (``template: auto`` on a pair) takes the format from the pair's own tokenizer
+(``tokenizer.apply_chat_template``, its ``chat_template``) instead of this registry: a checkpoint
+with a chat format not listed here needs no code edit. :func:`render_prompt` is the one entry point
+that accepts either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+AUTO = "auto"  # the template a tokenizer carries (HF ``chat_template``), not a registry entry
+
+
+class ChatTokenizer(Protocol):
+    """What :data:`AUTO` needs of a tokenizer (any Hugging Face tokenizer has both)."""
+
+    chat_template: Any
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,38 @@ def render(
             parts.append(tpl.assistant_turn.format(content=assistant_turns[i]))
     parts.append(tpl.assistant_prefix)
     return "".join(parts)
+
+
+def render_prompt(
+    template: str,
+    user_turns: Sequence[str],
+    tokenizer: ChatTokenizer | None = None,
+    assistant_turns: Sequence[str] = (),
+    system: str | None = None,
+) -> str:
+    """:func:`render` for a registry name, or the tokenizer's own chat template for :data:`AUTO`."""
+    if template != AUTO:
+        return render(template, user_turns, assistant_turns, system)
+    if tokenizer is None:
+        raise ValueError("chat template 'auto' takes the format from a tokenizer: none was given")
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(
+            f"chat template 'auto': the tokenizer {name!r} has no chat_template; "
+            f"set the pair's template to one of {sorted(TEMPLATES)}"
+        )
+    if not user_turns or len(assistant_turns) > len(user_turns) - 1:
+        raise ValueError(
+            f"{len(assistant_turns)} assistant turns for {len(user_turns)} user turns: "
+            "the prompt must end with a user turn"
+        )
+    messages = [{"role": "system", "content": system}] if system else []
+    for i, user in enumerate(user_turns):
+        messages.append({"role": "user", "content": user})
+        if i < len(assistant_turns):
+            messages.append({"role": "assistant", "content": assistant_turns[i]})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return str(text)
 
 
 def jinja_chat_template(template: ChatTemplate | str) -> str:

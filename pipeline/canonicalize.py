@@ -1,10 +1,11 @@
 """DVC stage ``canonicalize``: action rows -> canonical states (2^D - 1 per report) + grouped folds.
 
-Reads ``collect.out_dir/actions.parquet``; writes ``canonicalize.out_dir/`` states.parquet,
-samples.parquet (features/schemas.py) and metrics.json. The fold column (features/folds.py's
-report split) is reused by every later stage; metrics.json states the assignment of both splits
-(report-grouped Latin square and leave one pair out) report by report. One MLflow run
-``canonicalize``.
+Reads ``collect.out_dir/actions.parquet``, verified against its value contract and the sha256 that
+collect recorded for it in ``tables.json`` (a warning if collect's record is missing); writes
+``canonicalize.out_dir/`` states.parquet, samples.parquet (features/schemas.py) and metrics.json.
+The fold column (features/folds.py's report split) is reused by every later stage; metrics.json
+states the assignment of both splits (report-grouped Latin square and leave one pair out) report by
+report. One MLflow run ``canonicalize``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from features.canonical import canonicalize
 from features.collect_schemas import actions_spec
 from features.folds import fold_table
 from features.schemas import samples_spec, states_spec
-from features.tables import read_table, write_table
+from features.tables import MANIFEST, read_manifest, read_table, write_table
 from pipeline.cli import run_stage
 from pipeline.tracking import log_figure, log_metrics, stage_run, write_json
 
@@ -31,7 +32,12 @@ def main(params: Params) -> dict:
     depth = params.tree.depth
     out = resolve(params.canonicalize.out_dir)
     with stage_run("canonicalize", params):
-        actions = read_table(resolve(params.collect.out_dir) / "actions.parquet", actions_spec(depth))
+        src = resolve(params.collect.out_dir)
+        if "actions.parquet" not in read_manifest(src):
+            log.warning(
+                "%s records no digest of actions.parquet: read unverified against collect", src / MANIFEST
+            )
+        actions = read_table(src / "actions.parquet", actions_spec(depth))
         tables = canonicalize(actions, depth, params.canonicalize.n_folds)
         state_table = tables.states
         write_table(out / "states.parquet", states_spec(depth), state_table)
@@ -48,7 +54,7 @@ def main(params: Params) -> dict:
             "reports_per_fold": {
                 str(f): n for f, n in sorted(Counter(row["report_fold"] for row in assignment).items())
             },
-            "n_pair_folds": len({row["pair_fold"] for row in assignment}),
+            "n_pair_folds": len({row["pair_fold"] for row in assignment} - {None}),  # 0: one pair
             "mean_rows_per_state": float(np.mean(states["n_rows"])),
             "fold_split": "report: (pair index + dataset index) mod k, Latin square (features/folds.py)",
             "folds": {row.pop("report_id"): row for row in assignment},

@@ -20,7 +20,7 @@ from config.params import Params, resolve
 from decoder.planning import value_inputs
 from decoder.state import SIGNAL_NAMES, state_feature_names
 from features.datasets import column, state_matrix
-from features.folds import SPLITS, fold_rows
+from features.folds import fold_rows, splits_of
 from features.schemas import samples_spec, states_spec
 from features.selection import (
     NestedSelection,
@@ -82,7 +82,8 @@ def read_fold_signals(params: Params, split: str) -> list[tuple[str, ...]]:
 def _nested(params: Params, data: SelectionData) -> dict[str, NestedSelection]:
     cfg, depth = params.select_signals, params.tree.depth
     samples = read_table(resolve(params.canonicalize.out_dir) / "samples.parquet", samples_spec(depth))
-    folds = {split: fold_rows(samples, split) for split in SPLITS}
+    splits = splits_of(samples.column("pair_id").to_pylist())
+    folds = {split: fold_rows(samples, split) for split in splits}
     return {
         split: nested_choice(with_folds(data, f), SIGNAL_NAMES, cfg.n_signals, cfg.ridge_alpha)
         for split, f in folds.items()

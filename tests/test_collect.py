@@ -166,14 +166,14 @@ def test_interrupt_between_reports_resumes_with_only_the_unfinished_one(workspac
     [
         ({"pairs": ["nope"]}, "unknown pair"),
         ({"datasets": ["code", "missing"]}, "unknown dataset"),
-        ({"backend": "spark"}, "backend must be one of"),
+        ({"backend": "spark"}, r"collect\.backend: must be one of"),  # refused when params load
     ],
 )
 def test_bad_names_fail_before_any_work(workspace, change, message):
-    params = params_for(workspace, name="bad", **change)
+    out_dir = Path(params_for(workspace, name="bad").collect.out_dir)
     with pytest.raises(ValueError, match=message):
-        run_collect(params)
-    assert not (Path(params.collect.out_dir) / "reports").exists()
+        run_collect(params_for(workspace, name="bad", **change))
+    assert not (out_dir / "reports").exists()
 
 
 def test_unsupported_depth(workspace):

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from features.folds import fold_rows, pair_folds, report_folds
+from features.folds import SPLITS, fold_rows, fold_table, pair_folds, report_folds, splits_of
 
 
 def _grid(n_pairs: int, n_datasets: int) -> tuple[list[str], list[str], list[str]]:
@@ -53,3 +53,22 @@ def test_fold_columns():
     np.testing.assert_array_equal(fold_rows(table, "report"), [2, 2, 0, 1])
     np.testing.assert_array_equal(fold_rows(table, "pair"), [0, 0, 1, 1])
     assert pair_folds(["b", "a", "b"]) == {"a": 0, "b": 1}
+
+
+def test_one_pair_has_report_folds_over_its_datasets_and_no_pair_split():
+    reports, pairs, datasets = _grid(1, 4)
+    folds = report_folds(reports, pairs, datasets, 5)
+    assert sorted(folds.values()) == [0, 1, 2, 3]  # each dataset its own fold
+    assert splits_of(pairs) == ("report",) and splits_of(["a", "b"]) == SPLITS
+    states = pa.table({"report_id": reports, "pair_id": pairs, "dataset_id": datasets,
+                       "fold_id": [folds[r] for r in reports]})  # fmt: skip
+    rows = fold_table(states)
+    assert [r["pair_fold"] for r in rows] == [None] * 4
+    assert [r["report_fold"] for r in rows] == [folds[r] for r in sorted(reports)]
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        fold_rows(states, "pair")
+
+
+def test_two_reports_are_refused_naming_the_category_fix():
+    with pytest.raises(ValueError, match=r"at least 3 reports .* at least 3 categories"):
+        report_folds(*_grid(1, 2), 5)

