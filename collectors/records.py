@@ -15,6 +15,7 @@ from itertools import accumulate
 from collectors.latency import LatencyProfile, RoundCounts, fed_before_calls, price_round
 from decoder.config import TreeConfig
 from decoder.policies import RuntimeContext
+from decoder.runtime_costs import runtime_costs
 from decoder.state import (
     CONTEXT_NAMES,
     LOOKAHEAD_NAME,
@@ -74,9 +75,9 @@ class ReportKey:
 
 
 def runtime_for(profile: LatencyProfile, prompt_tokens: float, tree: TreeConfig) -> RuntimeContext:
-    """The runtime context a scheduler sees: typical verify and mid-call times from the profile."""
-    mid_ms = profile.mid_ms(tree.width * tree.topk) if profile.has_mid else 0.0
-    return RuntimeContext(round(prompt_tokens), profile.verify_ms(tree.budget + 1), mid_ms)
+    """The runtime context a scheduler sees: typical verify and mid-call times from the profile
+    (decoder.runtime_costs, which a deployment bundle's decoder also builds them with)."""
+    return runtime_costs(profile, tree).context(prompt_tokens)
 
 
 def bits_text(bits: tuple[bool, ...]) -> str:

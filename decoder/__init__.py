@@ -1,1 +1,6 @@
-"""decoder."""
+"""decoder: the runtime (no offline package). ``load_deployment`` loads a pair's deployment bundle
+(decoder/deployment.py: NumPy and safetensors only, no torch)."""
+
+from decoder.deployment import Deployment, DeploymentError, load_deployment
+
+__all__ = ["Deployment", "DeploymentError", "load_deployment"]

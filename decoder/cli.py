@@ -3,7 +3,15 @@
 `python -m decoder --target PATH [--mid PATH] --prompt TEXT --policy 10101 [--budget B] [--width W]
 [--topk M] [--ngram-min-n N] [--linear onednn]`. The tree flags are TreeConfig's fields
 (decoder/config.py), so the shape the `budget` stage chooses for a pair (its B*, width x topk and
-the n-gram drafter's shortest match) decodes from here as it does in the pipeline. Freed memory
+the n-gram drafter's shortest match) decodes from here as it does in the pipeline.
+
+`python -m decoder --deployment DIR [--pair NAME] [--expect-sha256 HEX] --prompt TEXT` decodes with
+a pair's deployment bundle (decoder/deployment.py): its models, dtype and kernel (flags override
+them), the prompt in the pair's template, its tree shape, and its policy (the learned scheduler at
+the pair check's threshold, or the fallback) beside AR, All-Small and All-Mid. The table's
+``deployed`` row is that policy; per request, ``gain`` is the net wall-clock gain over AR (prefill
+included), ``A`` the accepted drafted tokens per round, ``mid/step`` the share of drafting steps that
+called the mid drafter. Freed memory
 stays in the process, as in the pipeline's decoding stages (decoder/memory.py), unless
 --release-freed-memory. The text printed is the target's own output (greedy: token-identical to
 autoregressive decoding, checked in the table's `lossless` column).
@@ -18,25 +26,33 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 
 from decoder.config import DecodeConfig, TreeConfig
+from decoder.deployment import Deployment, load_deployment
 from decoder.generate import check_prompt, encode_prompt, generate
-from decoder.measure import Method, format_table, policy_name, run_side_by_side, summarise_results
+from decoder.measure import Method, PolicyMeasurement, policy_name, run_side_by_side, summarise_results
 from decoder.memory import keep_freed_memory
-from decoder.models import LINEAR_KERNELS, load_pair
+from decoder.models import LINEAR_KERNELS, ModelPair, load_pair
 from decoder.policies import AR, parse_policy, uses_mid
+from decoder.templates import render_prompt
 
 DEFAULT_TREE = TreeConfig()
+TREE_FLAGS = ("budget", "width", "topk", "ngram_min_n")
+MODEL_DEFAULTS = {"dtype": "float32", "device": "cpu", "linear": "stock"}
+DEPLOYED = "deployed"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m decoder", description=__doc__.split("\n")[0])
-    p.add_argument("--target", required=True, help="local folder of the target checkpoint")
+    p.add_argument("--target", help="local folder of the target checkpoint (else the bundle's)")
     p.add_argument("--mid", help="local folder of the mid drafter (same tokenizer as the target)")
     p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument(
-        "--policy", default="all-small", help="ar | ddtree | all-small | all-mid | a bit string like 10101"
-    )
+    p.add_argument("--policy", help="ar | ddtree | all-small (default) | all-mid | a bit string like 10101")
+    dep = p.add_argument_group("deployment bundle (the pipeline's deploy stage: artifacts/deploy)")
+    dep.add_argument("--deployment", help="bundle folder (with index.json) or one pair's folder")
+    dep.add_argument("--pair", help="the pair to deploy (optional when the bundle holds one)")
+    dep.add_argument("--expect-sha256", help="refuse the bundle unless its checksums.json has this sha256")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -44,26 +60,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     tree.add_argument(
         "--budget",
         type=int,
-        default=DEFAULT_TREE.budget,
-        help="verified tree nodes besides the root (the budget stage's B* for a pair; small on CPUs)",
+        help=f"verified tree nodes besides the root (default {DEFAULT_TREE.budget}; the budget stage's B* "
+        "for a pair; small on CPUs)",
     )
-    tree.add_argument("--width", type=int, default=DEFAULT_TREE.width, help="frontier nodes per step")
-    tree.add_argument("--topk", type=int, default=DEFAULT_TREE.topk, help="children per expanded node")
+    tree.add_argument("--width", type=int, help=f"frontier nodes per step (default {DEFAULT_TREE.width})")
+    tree.add_argument("--topk", type=int, help=f"children per expanded node (default {DEFAULT_TREE.topk})")
     tree.add_argument(
         "--ngram-min-n",
         type=int,
-        default=DEFAULT_TREE.ngram_min_n,
-        help=f"shortest suffix match the n-gram drafter drafts from (1..{DEFAULT_TREE.ngram_max_n})",
+        help=f"shortest suffix match the n-gram drafter drafts from (1..{DEFAULT_TREE.ngram_max_n}, "
+        f"default {DEFAULT_TREE.ngram_min_n})",
     )
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", help="default float32 (a bundle: its own)")
+    p.add_argument("--device", help="default cpu (a bundle: its own)")
     p.add_argument(
         "--linear",
         choices=LINEAR_KERNELS,
-        default="stock",
-        help="nn.Linear kernel: onednn (CPU) prepacks the weights; on a 2-core CPU it halves an fp32 step",
+        help="nn.Linear kernel, default stock (a bundle: its own): onednn (CPU) runs oneDNN on each weight, held once; "
+        "on a 2-core CPU it halves an fp32 step",
     )
-    p.add_argument("--raw", action="store_true", help="do not apply the tokenizer's chat template")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="do not apply the chat template (the tokenizer's; a bundle's pair's)",
+    )
     p.add_argument(
         "--release-freed-memory",
         action="store_true",
@@ -75,13 +95,98 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def tree_of(args: argparse.Namespace) -> TreeConfig:
-    """The flags' tree, each refused by its flag's name before any model is loaded."""
+    """The flags' tree (the paper's defaults where not given), each refused by its flag's name
+    before any model is loaded."""
+    shape = {
+        f: getattr(args, f) if getattr(args, f) is not None else getattr(DEFAULT_TREE, f) for f in TREE_FLAGS
+    }
     for flag in ("budget", "width", "topk"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} must be a positive number of tree nodes, got {getattr(args, flag)}")
-    if not 1 <= args.ngram_min_n <= DEFAULT_TREE.ngram_max_n:
-        raise ValueError(f"--ngram-min-n must be in 1..{DEFAULT_TREE.ngram_max_n}, got {args.ngram_min_n}")
-    return TreeConfig(budget=args.budget, width=args.width, topk=args.topk, ngram_min_n=args.ngram_min_n)
+        if shape[flag] < 1:
+            raise ValueError(f"--{flag} must be a positive number of tree nodes, got {shape[flag]}")
+    if not 1 <= shape["ngram_min_n"] <= DEFAULT_TREE.ngram_max_n:
+        raise ValueError(
+            f"--ngram-min-n must be in 1..{DEFAULT_TREE.ngram_max_n}, got {shape['ngram_min_n']}"
+        )
+    return TreeConfig(**shape)
+
+
+def model_flag(args: argparse.Namespace, name: str, bundle: Deployment | None = None) -> str:
+    """--dtype, --device or --linear as given, else the bundle's, else the default."""
+    given = getattr(args, name)
+    if given is not None:
+        return given
+    return getattr(bundle.models, name) if bundle is not None else MODEL_DEFAULTS[name]
+
+
+def format_rows(rows: dict[str, PolicyMeasurement]) -> str:
+    """One line per policy: tokens, tok/s, speedup over AR, A, the share of drafting steps that
+    called the mid drafter, the net wall-clock gain over AR (prefill included), lossless."""
+    head = (
+        f"{'policy':<12} {'tokens':>7} {'tok/s':>8} {'speedup':>8} {'A':>6} {'mid/step':>8} "
+        f"{'gain':>8} {'lossless':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for m in rows.values():
+        lines.append(
+            f"{m.name:<12} {m.n_tokens:>7d} {m.tokens_per_s:>8.1f} {m.speedup_vs_ar:>7.2f}x "
+            f"{m.mean_accepted_length:>6.2f} {m.mid_call_rate:>8.2f} {100 * (m.speedup_vs_ar - 1):>+7.1f}% "
+            f"{'yes' if m.lossless else 'NO':>8}"
+        )
+    return "\n".join(lines)
+
+
+def _policy_run(args: argparse.Namespace) -> tuple[ModelPair, list[int], list[Method], DecodeConfig, list]:
+    """What the flags decode: one policy (``--policy``) on the flags' models and tree."""
+    if args.target is None:
+        raise ValueError("pass --target PATH (and --mid PATH), or --deployment DIR")
+    policy = args.policy or "all-small"
+    config = DecodeConfig(args.max_new_tokens, args.temperature, args.seed, tree_of(args))
+    parsed = parse_policy(policy, config.tree.depth)
+    if uses_mid(parsed) and args.mid is None:
+        raise ValueError(f"policy {policy!r} calls the mid drafter: pass --mid PATH")
+    mid = args.mid if parsed != AR else None
+    flags = {n: model_flag(args, n) for n in MODEL_DEFAULTS}
+    pair = load_pair(args.target, mid, flags["dtype"], flags["device"], flags["linear"])
+    ids = encode_prompt(pair.tokenizer, args.prompt, raw=args.raw)
+    check_prompt(pair, ids, config, parsed)
+    return pair, ids, [Method(policy_name(policy), policy)], config, [None]
+
+
+def _deployment_run(
+    args: argparse.Namespace,
+) -> tuple[ModelPair, list[int], list[Method], DecodeConfig, list]:
+    """What a bundle decodes: its policy as ``deployed``, beside the endpoints, on its models and
+    tree, the prompt in its template (unless --raw), with its runtime context."""
+    given = [f"--{f.replace('_', '-')}" for f in (*TREE_FLAGS, "policy") if getattr(args, f) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: the bundle chooses the policy and tree shape; drop them")
+    bundle = load_deployment(args.deployment, args.pair, args.expect_sha256)
+    config = replace(
+        bundle.config, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
+    )
+    target = args.target or bundle.models.target
+    mid = args.mid or bundle.models.mid
+    flags = {n: model_flag(args, n, bundle) for n in MODEL_DEFAULTS}
+    pair = load_pair(target, mid, flags["dtype"], flags["device"], flags["linear"])
+    tok = pair.tokenizer
+    if args.raw:
+        ids = encode_prompt(tok, args.prompt, raw=True)
+    else:
+        ids = [
+            int(t)
+            for t in tok.encode(
+                render_prompt(bundle.models.template, [args.prompt], tok), add_special_tokens=False
+            )
+        ]
+    check_prompt(pair, ids, config, bundle.policy)
+    endpoints = ["all-small", "all-mid"] if mid is not None else ["all-small"]
+    methods = [*(Method(m, m) for m in endpoints), Method(DEPLOYED, bundle.policy)]
+    print(
+        f"pair {bundle.pair_id}: deploys {bundle.decision['deploys']} "
+        f"(checksums sha256 {bundle.checksums_sha256})",
+        file=sys.stderr,
+    )
+    return pair, ids, methods, config, [bundle.runtime(len(ids))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,31 +197,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not math.isfinite(args.temperature):
             raise ValueError(f"--temperature must be a finite number, got {args.temperature}")
-        config = DecodeConfig(args.max_new_tokens, args.temperature, args.seed, tree_of(args))
-        parsed = parse_policy(args.policy, config.tree.depth)
-        if uses_mid(parsed) and args.mid is None:
-            raise ValueError(f"policy {args.policy!r} calls the mid drafter: pass --mid PATH")
-        mid = args.mid if parsed != AR else None
-        pair = load_pair(args.target, mid, args.dtype, args.device, args.linear)
+        run = _deployment_run if args.deployment is not None else _policy_run
+        pair, ids, methods, config, runtime = run(args)
         tok = pair.tokenizer
-        ids = encode_prompt(tok, args.prompt, raw=args.raw)
-        check_prompt(pair, ids, config, parsed)
         if args.no_compare:
-            res = generate(pair, ids, args.policy, config, timing=False)
+            res = generate(pair, ids, methods[-1].policy, config, runtime[0], timing=False)
             print(tok.decode(res.new_tokens))
             print(
                 f"{len(res.new_tokens)} tokens in {res.wall_s:.3f} s = {res.tokens_per_s:.1f} tok/s, "
                 f"A = {res.mean_accepted_length:.2f}"
             )
             return 0
-        name = policy_name(args.policy)
-        results = run_side_by_side(pair, [ids], [Method(name, args.policy)], config, timing=False)
+        results = run_side_by_side(pair, [ids], methods, config, runtime, timing=False)
         rows = summarise_results(results, config.temperature)
-        res = results[name][0]
-    except (ValueError, OSError, TypeError) as err:
+        res = results[methods[-1].name][0]
+    except (ValueError, OSError, TypeError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(tok.decode(res.new_tokens))
     print()
-    print(format_table(rows))
+    print(format_rows(rows))
     return 0

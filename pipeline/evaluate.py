@@ -4,9 +4,9 @@ Per (pair, dataset) cell, the primary metric is the priced speedup over autoregr
 All-Small, All-Mid, 10101, the best fixed schedule in hindsight, the value planner and the exported
 student, every one replayed exactly on ``evaluate.prompts_per_cell`` prompts and priced with the
 pair's latency profile (collectors/priced_eval.py), with a bootstrap 95% interval over prompts.
-Before them, a pair check on calibration prompts chooses what each pair deploys (the ``deployed``
-row): the student at the threshold, of the exported one plus THRESHOLD_OFFSETS, that prices fastest
-there, where it beats the better of All-Small and All-Mid, that endpoint otherwise.
+The ``deployed`` row of each pair is what its deployment bundle says (the ``deploy`` stage's pair
+check, loaded with decoder.load_deployment and checked against the tree this stage decodes with):
+this stage decides nothing itself.
 This part runs in ``evaluate.workers`` processes, cells sharing a target computing its work once
 (collectors/priced_tasks.py). As the check, afterwards and with no worker alive, the first
 ``wall_prompts_per_cell`` prompts are also decoded for real by ``wall_methods`` and autoregressive
@@ -48,26 +48,23 @@ from collectors.eval_report import (
 )
 from collectors.evaluation import evaluate_cell
 from collectors.latency import LatencyProfile, compare_profiles, save_profile
-from collectors.plan import load_registered_pair, tree_config
-from collectors.priced_eval import (
-    ENDPOINTS,
-    PricedCell,
-    bootstrap_speedup,
-    fastest,
-    pair_check,
-    pooled_speedups,
-)
-from collectors.priced_tasks import calibration_range, cell_inputs, decode_config, priced_cells
-from collectors.profiling import measure_profile
+from collectors.plan import load_registered_pair, profile_for, tree_config
+from collectors.priced_eval import ENDPOINTS, PricedCell, bootstrap_speedup, fastest, pooled_speedups
+from collectors.priced_tasks import cell_inputs, decode_config, priced_cells
+from collectors.profile_settings import measure_with_settings
 from config.params import Params, resolve
-from decoder.artifact import Artifact, read_artifact
 from decoder.config import Grafting, TreeConfig
+from decoder.deployment import Deployment, load_deployment, variant_name
 from decoder.measure import Method, Repeats
 from decoder.models import ModelPair
 from decoder.policies import AR
-from decoder.scheduler import LearnedScheduler, check_features, load_scheduler, load_value_planner
+from decoder.runtime_costs import runtime_costs
+from decoder.scheduler import LearnedScheduler, load_value_planner
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.cli import run_stage
+from pipeline.deploy import FIXED_METHODS as ENDPOINT_SCHEDULES
+from pipeline.deploy import threshold_variants
+from pipeline.registry import promote_champions
 from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json
 
@@ -85,65 +82,52 @@ def learned_policies(params: Params, students: Mapping[str, LearnedScheduler]) -
     }
 
 
-def variant_name(offset: float) -> str:
-    """The student at its exported threshold is ``student``; shifted by o, ``student:o`` (2 decimals,
-    a sign only when negative: the name is part of MLflow metric keys, which may not hold a '+')."""
-    return "student" if offset == 0 else f"student:{offset:.2f}"
+FIXED_METHODS = {**ENDPOINT_SCHEDULES, "10101": "10101"}
+DEPLOYED = "deployed"  # per pair, what its deployment bundle deploys (the deploy stage's pair check)
 
 
-def threshold_variants(
-    path: Path, depth: int, width: int, offsets: Sequence[float]
-) -> dict[str, LearnedScheduler]:
-    """The exported student (validated as decoder.scheduler.load_scheduler does) at its threshold plus
-    each offset, by :func:`variant_name`. Its gate and backoff margins are relative to the threshold,
-    so they move with it."""
-    load_scheduler(path, depth, width)
-    art = read_artifact(path, "student")
-    signals = check_features(art.manifest, depth, width)
-    base = float(art.manifest["threshold"])
-
-    def shifted(o: float) -> Artifact:
-        return replace(art, manifest={**art.manifest, "threshold": base + o})
-
-    return {variant_name(o): LearnedScheduler(shifted(o), signals) for o in offsets}
-
-
-FIXED_METHODS = {"all-small": "00000", "all-mid": "11111", "10101": "10101"}
-DEPLOYED = "deployed"  # per pair, the student at its threshold or the better endpoint, by the pair check
-
-
-def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dict[str, dict]:
-    """Per evaluated pair, what it deploys (collectors.priced_eval.pair_check): the student at each
-    of its thresholds (``students``, by name) against All-Small and All-Mid, replayed and priced on
-    the pair's calibration prompts, the collect.prompts_per_report questions right after the collect
-    slice, of every fitting dataset (collectors.priced_tasks.calibration_range): no training state
-    came from them, and they end before the held-back prompts. Only the two endpoints' schedules are
-    replayed (no best fixed schedule in hindsight is needed here)."""
-    cfg = params.evaluate
-    datasets = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
-    cells = [(p, d) for p in cfg.pairs for d in datasets]
-    prompts = calibration_range(
-        params.collect.prompt_start, params.collect.prompts_per_report, cfg.prompt_start
-    )
-    endpoints = {m: FIXED_METHODS[m] for m in ENDPOINTS}
-    with tqdm(total=len(cells) * prompts[1], desc="evaluate (pair check)", unit="prompt") as bar:
-        priced = priced_cells(params, cells, students, endpoints, bar.update, prompts, hindsight=False)
+def deployed_checks(
+    params: Params, tree_of: Mapping[str, TreeConfig], students: Mapping[str, LearnedScheduler]
+) -> dict[str, Deployment]:
+    """Every evaluated pair's deployment bundle (``deploy.out_dir``), loaded and checked by the
+    decoder, whose tree, runtime costs and student must be the ones this stage decodes the pair with
+    (``tree_of``, the pair's profile, the exported student, one of whose ``students`` it deploys or a
+    fallback): a bundle written from other inputs is stale, its rows would not be what it deploys."""
+    root = resolve(params.deploy.out_dir)
+    student = students[variant_name(0.0)].manifest["manifest_sha256"]
     out = {}
-    for pair_id in cfg.pairs:
-        out[pair_id] = pair_check([priced[(pair_id, d)] for d in datasets], tuple(students))
-        log.info("%s: the pair check deploys %s (%s)", pair_id, out[pair_id]["deploys"],
-                 ", ".join(f"{m} {v:.3f}x" for m, v in out[pair_id]["speedup"].items()))  # fmt: skip
+    for pair_id, tree in tree_of.items():
+        d = load_deployment(root, pair_id)
+        costs = runtime_costs(profile_for(params, pair_id), tree)
+        deploys = d.decision["deploys"]
+        for what, bundle, here in (
+            ("tree", d.config.tree, tree),
+            ("runtime costs", d.costs, costs),
+            ("student manifest_sha256", d.record["student_manifest_sha256"], student),
+            ("policy", deploys, deploys if deploys in (*students, *ENDPOINTS) else "a student or endpoint"),
+        ):
+            if bundle != here:
+                raise ValueError(
+                    f"{d.folder}: the bundle's {what} {bundle} differ from the pair's {here}; "
+                    "rerun the deploy stage"
+                )
+        out[pair_id] = d
     return out
 
 
-def deployed_variants(checks: Mapping[str, dict], students: Mapping[str, LearnedScheduler]) -> dict:
-    """{pair id: {"deployed": policy}} for the pairs whose check deploys the student at a shifted
-    threshold: those are decoded for real under the name ``deployed``; every other pair's deployed
-    row is a copy of the row of the method it deploys."""
+def pair_check_of(d: Deployment) -> dict:
+    """The bundle's pair check as evaluate reports it: {"deploys", "prompts", "speedup"}."""
+    return {k: d.decision[k] for k in ("deploys", "prompts", "speedup")}
+
+
+def deployed_variants(deployments: Mapping[str, Deployment]) -> dict:
+    """{pair id: {"deployed": the bundle's policy}} for the pairs whose bundle deploys the student at
+    a shifted threshold: those are decoded for real under the name ``deployed``; every other pair's
+    deployed row is a copy of the row of the method it deploys (the same policy)."""
     return {
-        pair_id: {DEPLOYED: students[c["deploys"]]}
-        for pair_id, c in checks.items()
-        if c["deploys"] in students and c["deploys"] != "student"
+        pair_id: {DEPLOYED: d.policy}
+        for pair_id, d in deployments.items()
+        if d.is_learned and d.decision["deploys"] != variant_name(0.0)
     }
 
 
@@ -182,20 +166,7 @@ def profile_beside(params: Params, pair: ModelPair, pair_id: str) -> LatencyProf
     stage's tree): taken just before the pair's wall-clock cells, it prices their decodes as the
     machine ran them, so that the pricing check tells a wrong cost model from a machine that is
     faster or slower than when the stage profiled it (the training prices stay the stage's)."""
-    s = params.profile
-    return measure_profile(
-        pair,
-        pair_id,
-        context_len=s.context_len,
-        sizes=s.sizes,
-        warmup=s.warmup,
-        repeats=s.repeats,
-        mid_tokens=s.mid_tokens,
-        mid_fed=s.mid_fed,
-        samples_per_repeat=s.samples_per_repeat,
-        long_job_ms=s.long_job_ms,
-        tree_config=tree_config(params.tree),
-    )
+    return measure_with_settings(pair, pair_id, params.profile, tree_config(params.tree))
 
 
 def profile_drift(stage: LatencyProfile, beside: LatencyProfile) -> dict[str, float]:
@@ -210,11 +181,9 @@ def wall_repeats(params: Params) -> Repeats:
 
 
 def _wall_rows(
-    params: Params, pair, questions, prompts, methods, config, runtime, profile, warmup, beside
+    params: Params, pair, questions, prompts, methods, config, runtime, profile, warmup, beside, repeats
 ) -> tuple:
-    cell = evaluate_cell(
-        pair, questions, prompts, methods, config, runtime, profile, warmup, beside, wall_repeats(params)
-    )
+    cell = evaluate_cell(pair, questions, prompts, methods, config, runtime, profile, warmup, beside, repeats)
     ar = np.array([r.wall_s for r in cell.results[AR]])
     ar_decode = ar - np.array([r.prefill_s for r in cell.results[AR]])
     rows = {}
@@ -240,21 +209,22 @@ def _evaluate_cells(
     cells: list[tuple[str, str]],
     out: Path,
     policies: dict,
-    checks: dict[str, dict],
+    deployments: Mapping[str, Deployment],
     students: Mapping[str, LearnedScheduler],
+    repeats: Repeats,
 ) -> tuple[list[dict], dict[tuple[str, str], PricedCell], dict[str, dict[str, float]]]:
     """Every cell's priced rows (in ``evaluate.workers`` processes), then, with no worker alive, the
     wall-clock rows cell by cell in this process, each pair profiled again (:func:`profile_beside`,
     written to ``<out>/profiles/<pair>.json``) just before its first cell; returns the rows, the
     priced cells and each pair's :func:`profile_drift`. Each cell also gets a ``deployed`` row with
-    ``deployed_as``: the method its pair's check deploys (``checks``); where that is the student at
-    a shifted threshold (one of ``students``) it is decoded for real under that name, its priced
+    ``deployed_as``: the method its pair's bundle deploys (``deployments``); where that is the student
+    at a shifted threshold it is the bundle's policy decoded for real under that name, its priced
     figures those of its replay, else it is a copy of that method's row, renamed. Every one of
     ``students`` is replayed on every cell (the held-back check of the pair check's choice, from the
     returned priced cells); only the rows of ``policies``, the fixed methods and ``deployed`` are
     returned."""
     cfg = params.evaluate
-    shifted = deployed_variants(checks, students)
+    shifted = deployed_variants(deployments)
     extra = {n: p for n, p in students.items() if n not in policies}
     with tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (priced replay)", unit="prompt") as bar:
         priced_by_cell = priced_cells(params, cells, {**policies, **extra}, FIXED_METHODS, bar.update)
@@ -280,9 +250,9 @@ def _evaluate_cells(
         wall_methods += [Method(n, p) for n, p in shifted.get(pair_id, {}).items()]
         wall, answers = _wall_rows(
             params, pair, questions[:n_wall], prompts[:n_wall], wall_methods, config, runtime[:n_wall],
-            profile, warmup, beside,
+            profile, warmup, beside, repeats,
         )  # fmt: skip
-        deploys = checks[pair_id]["deploys"]
+        deploys = deployments[pair_id].decision["deploys"]
         for name, w in wall.items():
             keep = by_method.get(deploys if name == DEPLOYED else name, {})
             by_method[name] = {
@@ -340,7 +310,7 @@ def ablation_methods(params: Params, tree: TreeConfig) -> list[Method]:
     ]
 
 
-def _ablation_cells(params: Params, cells: list[tuple[str, str]]) -> list[dict]:
+def _ablation_cells(params: Params, cells: list[tuple[str, str]], repeats: Repeats) -> list[dict]:
     cfg = params.evaluate
     rows, warm_pair = [], None
     for pair_id, dataset in tqdm(cells, desc="ablations", unit="cell"):
@@ -353,7 +323,7 @@ def _ablation_cells(params: Params, cells: list[tuple[str, str]]) -> list[dict]:
         config = decode_config(params, pair_id)
         methods = ablation_methods(params, config.tree)
         cell = evaluate_cell(
-            pair, questions, prompts, methods, config, runtime, profile, warmup, repeats=wall_repeats(params)
+            pair, questions, prompts, methods, config, runtime, profile, warmup, repeats=repeats
         )
         for row in cell.rows:
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
@@ -370,7 +340,7 @@ def main(params: Params) -> dict:
         raise ValueError(f"evaluate: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}")
     if cfg.workers < 1:
         raise ValueError(f"evaluate.workers must be >= 1 (1: in this process), got {cfg.workers}")
-    wall_repeats(params)  # bad wall_min_ar_s or wall_max_repeats fail here, before any work
+    repeats = wall_repeats(params)  # bad wall_min_ar_s or wall_max_repeats fail here, before any work
     out = resolve(cfg.out_dir)
     depth = params.tree.depth
     with stage_run("evaluate", params):
@@ -379,13 +349,18 @@ def main(params: Params) -> dict:
             resolve(params.export.out_dir) / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
         )
         policies = learned_policies(params, students)
-        checks = pair_checks(params, students)
+        deployments = deployed_checks(
+            params, {p: decode_config(params, p).tree for p in cfg.pairs}, students
+        )
+        checks = {p: pair_check_of(d) for p, d in deployments.items()}
         cells = [(p, d) for p in cfg.pairs for d in cfg.datasets]
-        rows, priced_by_cell, drift = _evaluate_cells(params, cells, out, policies, checks, students)
+        rows, priced_by_cell, drift = _evaluate_cells(
+            params, cells, out, policies, deployments, students, repeats
+        )
         fitting = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
         transfer = threshold_transfer(priced_by_cell, checks, fitting)
         ablations = _ablation_cells(
-            params, [(p, d) for p in cfg.ablation.pairs for d in cfg.ablation.datasets]
+            params, [(p, d) for p in cfg.ablation.pairs for d in cfg.ablation.datasets], repeats
         )
         metrics = {
             **summary_metrics(rows),
@@ -407,6 +382,9 @@ def main(params: Params) -> dict:
         log_figure(calls_plot(rows, depth, out / "calls_per_step.png"), "calls_per_step.png")
         log_metrics(metrics)
         log_files([out / name for name in ("table.md", "wall.md", "ablations.md", "results.json")])
+        # every lossless gate held and each bundle was scored: its registered version is the champion
+        champions = promote_champions({p: d.checksums_sha256 for p, d in deployments.items()})
+        log.info("champion versions: %s", champions)
     print(table)
     print()
     print(wall)

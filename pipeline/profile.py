@@ -70,7 +70,7 @@ def run_profile(
     1.3-2.2x what a pass hours later measured (the AR step 1.97 vs 0.88 ms) while the large pairs
     moved 3-10%: a slow spell during the half minute a small pair is timed. Spread over the whole
     stage, a spell hits one pass of a pair and the median outvotes it."""
-    from collectors.profiling import measure_profile  # heavy import (torch) kept off --help
+    from collectors.profile_settings import measure_with_settings  # heavy (torch): off --help
 
     if settings.passes < 1:
         raise ValueError(f"profile.passes must be >= 1, got {settings.passes}")
@@ -82,21 +82,7 @@ def run_profile(
     for _ in range(settings.passes):
         for name in settings.pairs:
             pair = load_pair_fn(name)
-            measured[name].append(
-                measure_profile(
-                    pair,
-                    name,
-                    context_len=settings.context_len,
-                    sizes=settings.sizes,
-                    warmup=settings.warmup,
-                    repeats=settings.repeats,
-                    mid_tokens=settings.mid_tokens,
-                    mid_fed=settings.mid_fed,
-                    samples_per_repeat=settings.samples_per_repeat,
-                    long_job_ms=settings.long_job_ms,
-                    tree_config=tree,
-                )
-            )
+            measured[name].append(measure_with_settings(pair, name, settings, tree))
             del pair  # one pair's weights in memory at a time
     paths, profiles = [], []
     for name, passes in measured.items():

@@ -5,6 +5,7 @@ deploys the fastest shifted student only where it beats the better endpoint."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,14 +13,11 @@ from test_priced_eval import _cell_of
 from test_scheduler_export import hand_student
 
 from collectors.priced_eval import pair_check
+from decoder.deployment import variant_name
 from decoder.scheduler import ManifestError
-from pipeline.evaluate import (
-    THRESHOLD_OFFSETS,
-    deployed_variants,
-    threshold_transfer,
-    threshold_variants,
-    variant_name,
-)
+from models.offline import THRESHOLD_OFFSETS
+from pipeline.deploy import threshold_variants
+from pipeline.evaluate import deployed_variants, threshold_transfer
 
 
 def test_a_shifted_student_invokes_exactly_above_its_shifted_threshold(tmp_path):
@@ -69,8 +67,13 @@ def test_only_pairs_deploying_a_shifted_threshold_decode_it_as_deployed(tmp_path
     students = threshold_variants(
         hand_student(tmp_path / "s", threshold=0.0, skip_rest_below=1.0), 5, 10, (-0.5, 0.0, 0.5)
     )
-    checks = {"a": {"deploys": "student:-0.50"}, "b": {"deploys": "student"}, "c": {"deploys": "all-small"}}
-    shifted = deployed_variants(checks, students)
+
+    def bundle(deploys: str) -> SimpleNamespace:
+        policy = students.get(deploys, deploys)
+        return SimpleNamespace(policy=policy, is_learned=deploys in students, decision={"deploys": deploys})
+
+    deployments = {"a": bundle("student:-0.50"), "b": bundle("student"), "c": bundle("all-small")}
+    shifted = deployed_variants(deployments)
     assert list(shifted) == ["a"] and shifted["a"]["deployed"] is students["student:-0.50"]
 
 

@@ -1,0 +1,164 @@
+"""A deployment bundle's files on disk: sealing them with checksums, finding a pair, checking it all.
+
+Layout: ``<root>/index.json`` lists the pairs, each with its folder and the sha256 of that folder's
+``checksums.json``; ``<root>/<pair>/checksums.json`` maps every other file of the folder (a flat
+folder) to its sha256. Pinning one digest (the pair's checksums.json) pins every byte of the pair's
+bundle. A pair folder can also be used on its own, without the index.
+
+Contract: :func:`verified_folder` finds the pair's folder (the only pair when none is named, else
+a :class:`DeploymentError` naming the choices) and checks, before anything is parsed: the index
+and checksums files are JSON of the right shape, checksums.json's digest equals the index's entry
+and ``expect_sha256``, every listed file exists and hashes to its entry (a truncated or edited file
+is named), every required file is listed and no unlisted file lies beside them. Each failure is one
+DeploymentError naming the file. NumPy-free, torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from decoder.files import replace_atomically
+
+INDEX_FILE = "index.json"
+CHECKSUMS_FILE = "checksums.json"
+INDEX_SCHEMA = "treegraft-deployment-index/1"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class DeploymentError(ValueError):
+    """A deployment bundle is missing, corrupt, edited or does not fit this decoder."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_hex_digest(value: object) -> bool:
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+
+
+def is_pair_name(value: object) -> bool:
+    """A pair id usable as a folder name (no path separators, no leading dot)."""
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
+def _dump(obj: object) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def seal_folder(folder: Path) -> str:
+    """Write ``checksums.json`` over every other file of ``folder``; return its own sha256."""
+    files = sorted(p for p in folder.iterdir() if p.name != CHECKSUMS_FILE)
+    nested = [p.name for p in files if not p.is_file()]
+    if nested:
+        raise DeploymentError(f"{folder}: a bundle folder holds files only, found {nested}")
+    replace_atomically(folder / CHECKSUMS_FILE, _dump({p.name: sha256_file(p) for p in files}))
+    return sha256_file(folder / CHECKSUMS_FILE)
+
+
+def write_index(root: Path, digests: Mapping[str, str]) -> Path:
+    """``<root>/index.json``: every pair's folder and the sha256 of its checksums.json."""
+    bad = [p for p in digests if not is_pair_name(p)]
+    if bad:
+        raise DeploymentError(f"{root / INDEX_FILE}: pair ids {bad} cannot be folder names")
+    pairs = {p: {"folder": p, "checksums_sha256": d} for p, d in sorted(digests.items())}
+    return replace_atomically(root / INDEX_FILE, _dump({"schema_version": INDEX_SCHEMA, "pairs": pairs}))
+
+
+def read_json(path: Path) -> object:
+    """A JSON file's value, or a DeploymentError naming the file."""
+    if not path.is_file():
+        raise DeploymentError(f"{path}: missing file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DeploymentError(f"{path}: not a JSON file ({err})") from err
+
+
+@dataclass(frozen=True)
+class PairFolder:
+    pair_id: str | None  # None: a pair folder given directly (its deployment.json names the pair)
+    folder: Path
+    checksums_sha256: str | None  # what the index pins, None without an index
+
+
+def _index_entries(path: Path) -> dict[str, dict]:
+    index = read_json(path)
+    if not isinstance(index, dict) or index.get("schema_version") != INDEX_SCHEMA:
+        raise DeploymentError(f"{path}: expected schema_version {INDEX_SCHEMA!r}")
+    pairs = index.get("pairs")
+    if not isinstance(pairs, dict) or not pairs:
+        raise DeploymentError(f"{path}: field 'pairs' must map pair ids to entries, got {pairs!r}")
+    for pair_id, entry in pairs.items():
+        ok = isinstance(entry, dict) and set(entry) == {"folder", "checksums_sha256"}
+        if not ok or not is_pair_name(entry["folder"]) or not is_hex_digest(entry["checksums_sha256"]):
+            raise DeploymentError(
+                f"{path}: pairs.{pair_id} must be {{folder: a folder name, checksums_sha256: 64 hex}}, "
+                f"got {entry!r}"
+            )
+    return pairs
+
+
+def find_pair(path: Path | str, pair: str | None) -> PairFolder:
+    """The folder of ``pair`` under a bundle root (its index.json), or ``path`` itself when it is a
+    pair folder (it has a checksums.json and no index)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DeploymentError(f"{root}: no deployment bundle folder")
+    if not (root / INDEX_FILE).is_file():
+        if (root / CHECKSUMS_FILE).is_file():
+            return PairFolder(None, root, None)
+        raise DeploymentError(
+            f"{root}: neither a bundle root ({INDEX_FILE}) nor a pair folder ({CHECKSUMS_FILE})"
+        )
+    pairs = _index_entries(root / INDEX_FILE)
+    if pair is None:
+        if len(pairs) != 1:
+            raise DeploymentError(f"{root / INDEX_FILE}: holds pairs {sorted(pairs)}; name one (--pair)")
+        pair = next(iter(pairs))
+    if pair not in pairs:
+        raise DeploymentError(f"{root / INDEX_FILE}: no pair {pair!r}; it holds {sorted(pairs)}")
+    entry = pairs[pair]
+    return PairFolder(pair, root / entry["folder"], entry["checksums_sha256"])
+
+
+def verified_folder(
+    path: Path | str, pair: str | None, required: Sequence[str], expect_sha256: str | None = None
+) -> PairFolder:
+    """The pair's folder (:func:`find_pair`) with every file checked (module docstring)."""
+    if expect_sha256 is not None and not is_hex_digest(expect_sha256):
+        raise DeploymentError(f"expected sha256 must be 64 lowercase hex digits, got {expect_sha256!r}")
+    found = find_pair(path, pair)
+    folder, sums_path = found.folder, found.folder / CHECKSUMS_FILE
+    if not sums_path.is_file():
+        raise DeploymentError(f"{sums_path}: missing file")
+    digest = sha256_file(sums_path)
+    for what, want in (("index.json's entry", found.checksums_sha256), ("--expect-sha256", expect_sha256)):
+        if want is not None and digest != want:
+            raise DeploymentError(f"{sums_path}: sha256 {digest} differs from {what} {want}")
+    sums = read_json(sums_path)
+    if not isinstance(sums, dict) or not all(is_hex_digest(v) for v in sums.values()):
+        raise DeploymentError(f"{sums_path}: expected a mapping of file name -> 64 hex digits")
+    unlisted = sorted(set(required) - set(sums))
+    if unlisted:
+        raise DeploymentError(f"{sums_path}: does not list required file(s) {unlisted}")
+    for name, want in sorted(sums.items()):
+        file = folder / name
+        if not is_pair_name(name) or not file.is_file():
+            raise DeploymentError(f"{file}: missing file (listed in {CHECKSUMS_FILE})")
+        if sha256_file(file) != want:
+            raise DeploymentError(f"{file}: sha256 differs from {CHECKSUMS_FILE} (truncated or edited)")
+    extra = sorted(p.name for p in folder.iterdir() if p.name != CHECKSUMS_FILE and p.name not in sums)
+    if extra:
+        raise DeploymentError(f"{folder / extra[0]}: not covered by {CHECKSUMS_FILE}")
+    return PairFolder(found.pair_id, folder, digest)

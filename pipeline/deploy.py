@@ -1,0 +1,175 @@
+"""DVC stage ``deploy``: one deployment bundle per evaluated pair, what the decoder loads and runs.
+
+The pair check decides what each pair deploys: the exported student at every threshold of
+THRESHOLD_OFFSETS against All-Small and All-Mid, replayed and priced on the pair's calibration
+prompts (the collect.prompts_per_report questions right after the collect slice, of every fitting
+dataset: no training state came from them, and they end before evaluate's held-back prompts), the
+fastest threshold where it beats the better endpoint, that endpoint otherwise
+(collectors.priced_eval.pair_check). Writes ``<deploy.out_dir>/<pair>/`` per pair (the student,
+deployment.json with the decision, the pair's tree from the budget stage, the runtime costs from its
+profile, the models, provenance; checksums.json: decoder/deployment.py) and
+``<deploy.out_dir>/index.json`` with each pair's checksums digest. evaluate scores these bundles.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from collectors.budget_file import budgets_path
+from collectors.latency import LatencyProfile
+from collectors.plan import digest_folder, pair_tree, profile_for, tree_config
+from collectors.priced_eval import ENDPOINTS, pair_check
+from collectors.priced_tasks import calibration_range, decode_config, priced_cells
+from config.params import Params, resolve
+from decoder.bundle import is_pair_name, sha256_file, write_index
+from decoder.deployment import FALLBACKS, scheduler_at, tree_record, variant_name, write_pair_bundle
+from decoder.runtime_costs import runtime_costs
+from decoder.scheduler import LearnedScheduler, read_artifact
+from models.offline import THRESHOLD_OFFSETS
+from pipeline.cli import run_stage
+from pipeline.provenance import git_revision
+from pipeline.registry import register_bundles
+from pipeline.runtime import apply_runtime
+from pipeline.tracking import log_metrics, stage_run
+
+log = logging.getLogger(__name__)
+
+FIXED_METHODS = {"all-small": "00000", "all-mid": "11111"}
+
+
+def threshold_variants(
+    path: Path, depth: int, width: int, offsets: Sequence[float]
+) -> dict[str, LearnedScheduler]:
+    """The exported student (validated as decoder.scheduler.load_scheduler does) at its threshold plus
+    each offset, by decoder.deployment.variant_name."""
+    return {variant_name(o): scheduler_at(path, depth, width, o) for o in offsets}
+
+
+def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dict[str, dict]:
+    """Per evaluated pair, what it deploys (module docstring): {"deploys", "prompts", "speedup"}.
+    Only the two endpoints' schedules are replayed (no best fixed schedule in hindsight)."""
+    cfg = params.evaluate
+    datasets = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
+    cells = [(p, d) for p in cfg.pairs for d in datasets]
+    prompts = calibration_range(
+        params.collect.prompt_start, params.collect.prompts_per_report, cfg.prompt_start
+    )
+    endpoints = {m: FIXED_METHODS[m] for m in ENDPOINTS}
+    with tqdm(total=len(cells) * prompts[1], desc="deploy (pair check)", unit="prompt") as bar:
+        priced = priced_cells(params, cells, students, endpoints, bar.update, prompts, hindsight=False)
+    out = {}
+    for pair_id in cfg.pairs:
+        out[pair_id] = pair_check([priced[(pair_id, d)] for d in datasets], tuple(students))
+        log.info("%s: the pair check deploys %s (%s)", pair_id, out[pair_id]["deploys"],
+                 ", ".join(f"{m} {v:.3f}x" for m, v in out[pair_id]["speedup"].items()))  # fmt: skip
+    return out
+
+
+def decision_of(check: Mapping[str, object], students: Mapping[str, LearnedScheduler]) -> dict[str, object]:
+    """The pair check's result as deployment.json's ``decision``: the threshold offset and the
+    threshold it decodes at for a student, both null for a fallback."""
+    deploys = str(check["deploys"])
+    if deploys in FALLBACKS:
+        offset, threshold = None, None
+    else:
+        offset = next(o for o in THRESHOLD_OFFSETS if variant_name(o) == deploys)
+        threshold = students[deploys].threshold
+    return {"deploys": deploys, "threshold_offset": offset, "threshold": threshold,
+            "prompts": check["prompts"], "speedup": dict(check["speedup"])}  # fmt: skip
+
+
+def _relative(path: Path, folder: Path) -> str:
+    """``path`` relative to the bundle folder (the bundle moves with its repository), or absolute
+    where no relative path exists (another drive)."""
+    try:
+        return os.path.relpath(path, folder)
+    except ValueError:
+        return str(path.resolve())
+
+
+def pair_record(
+    params: Params, pair_id: str, decision: Mapping[str, object], folder: Path, profile: LatencyProfile
+) -> dict[str, object]:
+    """deployment.json of one pair (decoder/deployment.py): its decision, the tree and decoding
+    settings evaluate decodes it with, the runtime costs at that tree, models and provenance."""
+    config = decode_config(params, pair_id)
+    tree = pair_tree(params, pair_id)
+    spec, (target, mid) = params.pairs[pair_id], params.pair_paths(pair_id)
+    costs = runtime_costs(profile, tree)
+    student = resolve(params.export.out_dir) / "scheduler"
+    profile_file = resolve(params.profile.out_dir) / f"{pair_id}.json"
+    inputs = {
+        "scheduler.json": sha256_file(student.with_suffix(".json")),
+        "scheduler.safetensors": sha256_file(student.with_suffix(".safetensors")),
+        "profile": sha256_file(profile_file),
+        "target": digest_folder(target),
+        **({"mid": digest_folder(mid)} if spec.mid else {}),
+        **({"budgets.json": sha256_file(budgets_path(params))} if params.budget.mode != "fixed" else {}),
+    }
+    return {
+        "schema_version": "treegraft-deployment/1",
+        "pair_id": pair_id,
+        "decision": dict(decision),
+        "tree": tree_record(tree),
+        "decode": {
+            "max_new_tokens": config.max_new_tokens,
+            "temperature": config.temperature,
+            "seed": config.seed,
+        },
+        "runtime": {"target_ms": costs.target_ms, "mid_ms": costs.mid_ms},
+        "models": {
+            "target": _relative(target, folder),
+            "mid": _relative(mid, folder) if spec.mid else None,
+            "dtype": spec.dtype,
+            "device": spec.device,
+            "linear": spec.linear,
+            "template": spec.template,
+        },
+        "profile": {"pair": profile.pair, "device": profile.device, "sha256": inputs["profile"]},
+        "provenance": {"git_revision": git_revision(), "inputs": inputs},
+        "student_manifest_sha256": read_artifact(student.with_suffix(".json"), "student").manifest[
+            "manifest_sha256"
+        ],
+    }
+
+
+def main(params: Params) -> dict[str, str]:
+    """Check every evaluated pair, write its bundle and the index; returns {pair: checksums sha256}."""
+    apply_runtime(params)
+    cfg = params.evaluate
+    unknown = [p for p in cfg.pairs if p not in params.pairs]
+    if unknown:
+        raise ValueError(
+            f"evaluate.pairs: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}"
+        )
+    folders = [p for p in cfg.pairs if not is_pair_name(p)]
+    if folders:
+        raise ValueError(f"evaluate.pairs: pair ids {folders} cannot name a bundle folder")
+    out = resolve(params.deploy.out_dir)
+    student = resolve(params.export.out_dir) / "scheduler.json"
+    with stage_run("deploy", params):
+        tree = tree_config(params.tree)
+        students = threshold_variants(student, tree.depth, tree.width, THRESHOLD_OFFSETS)
+        checks = pair_checks(params, students)
+        digests = {}
+        for pair_id, check in checks.items():
+            folder = out / pair_id
+            record = pair_record(
+                params, pair_id, decision_of(check, students), folder, profile_for(params, pair_id)
+            )
+            digests[pair_id] = write_pair_bundle(folder, record, student.with_suffix(""))
+            log.info("%s: wrote %s (checksums sha256 %s)", pair_id, folder, digests[pair_id])
+        write_index(out, digests)
+        versions = register_bundles(out, digests)
+        log.info("registered model versions: %s", versions)
+        log_metrics({"pair_check": checks})
+    return digests
+
+
+if __name__ == "__main__":
+    run_stage("deploy", main)

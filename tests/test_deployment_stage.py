@@ -1,0 +1,94 @@
+"""The deploy stage (pipeline/deploy.py main) on hand-made inputs, its pair check stubbed: a bundle
+per evaluated pair and an index, each bundle holding the pair's tree, the runtime costs of its
+profile, its models and provenance; evaluate takes exactly these bundles and refuses a stale one."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+
+import pytest
+from test_latency import linear_profile
+from test_scheduler_export import student_artifact
+
+from collectors.latency import save_profile
+from collectors.plan import profile_for, tree_config
+from collectors.records import runtime_for
+from config.params import load_params, restrict
+from decoder import DeploymentError, load_deployment
+from decoder.bundle import sha256_file
+from models.offline import THRESHOLD_OFFSETS
+from pipeline import deploy, evaluate
+
+# the params the stage reads (its dvc.yaml entry): a read of anything else fails under restrict
+DEPLOY_PARAMS = (
+    "overlay", "deploy", "tree", "pairs", "runtime", "data.out_dir", "zoo.out_dir", "profile.out_dir",
+    "budget.out_dir", "budget.mode", "export.out_dir", "collect.prompt_start", "collect.prompts_per_report",
+    "collect.max_prompt_tokens", "collect.seed", "evaluate.pairs", "evaluate.datasets",
+    "evaluate.held_out_datasets", "evaluate.prompt_start", "evaluate.workers", "evaluate.max_new_tokens",
+)  # fmt: skip
+CHECKS = {
+    "zoo-m": {"deploys": "student:-0.50", "prompts": 4, "speedup": {"all-small": 1.1, "all-mid": 1.0}},
+    "zoo-s": {"deploys": "all-small", "prompts": 4, "speedup": {"all-small": 1.2, "all-mid": 0.9}},
+}
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy_stage")
+    dirs = {s: str(root / s) for s in ("export", "deploy", "profile", "zoo")}
+    overrides = {s: {"out_dir": d} for s, d in dirs.items()}
+    overrides |= {"mlflow": {"db": str(root / "mlflow.db")}, "budget": {"mode": "fixed"}}
+    overrides["evaluate"] = {"pairs": list(CHECKS)}
+    params = restrict(load_params(profile="smoke", overrides=overrides), "deploy", DEPLOY_PARAMS)
+    student_artifact(root / "export" / "scheduler", seed=4, y_mean=-0.35, threshold=-0.54)
+    for i, pair_id in enumerate(CHECKS):
+        save_profile(
+            dataclasses.replace(linear_profile(1.0 + i), pair=pair_id), root / "profile" / f"{pair_id}.json"
+        )
+        for folder in params.pair_paths(pair_id):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text(json.dumps({"name": folder.name}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(deploy, "pair_checks", lambda params, students: {p: dict(c) for p, c in CHECKS.items()})
+        # the MLflow run needs the stage's dvc.yaml entry (params, deps): tracking is tested elsewhere
+        mp.setattr(deploy, "stage_run", lambda stage, params: contextlib.nullcontext())
+        mp.setattr(deploy, "log_metrics", lambda metrics: None)
+        digests = deploy.main(params)
+    return params, root, digests
+
+
+def test_the_stage_writes_a_checked_bundle_per_pair(staged):
+    params, root, digests = staged
+    index = json.loads((root / "deploy" / "index.json").read_text())
+    assert sorted(index["pairs"]) == sorted(CHECKS) == sorted(digests)
+    tree = tree_config(params.tree)
+    for pair_id, check in CHECKS.items():
+        d = load_deployment(root / "deploy", pair_id, expect_sha256=digests[pair_id])
+        assert {k: d.decision[k] for k in check} == check
+        assert d.config.tree == tree and d.config.max_new_tokens == params.evaluate.max_new_tokens
+        assert d.runtime(37) == runtime_for(profile_for(params, pair_id), 37, tree)
+        target, mid = params.pair_paths(pair_id)
+        assert (d.models.target, d.models.mid) == (target.resolve(), mid.resolve())
+        inputs = d.record["provenance"]["inputs"]
+        assert inputs["scheduler.json"] == sha256_file(root / "export" / "scheduler.json")
+        assert inputs["profile"] == sha256_file(root / "profile" / f"{pair_id}.json")
+    assert load_deployment(root / "deploy", "zoo-m").policy.threshold == pytest.approx(-0.54 - 0.5)
+    assert load_deployment(root / "deploy", "zoo-s").policy == "all-small"
+
+
+def test_evaluate_takes_the_bundles_and_refuses_a_stale_one(staged):
+    params, root, _ = staged
+    tree = tree_config(params.tree)
+    students = deploy.threshold_variants(
+        root / "export" / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
+    )
+    got = evaluate.deployed_checks(params, dict.fromkeys(CHECKS, tree), students)
+    assert {p: evaluate.pair_check_of(d) for p, d in got.items()} == CHECKS
+    assert list(evaluate.deployed_variants(got)) == ["zoo-m"]
+    assert evaluate.deployed_variants(got)["zoo-m"]["deployed"] is got["zoo-m"].policy
+    with pytest.raises(ValueError, match=r"zoo-m: the bundle's tree .* rerun the deploy stage"):
+        evaluate.deployed_checks(params, {"zoo-m": dataclasses.replace(tree, budget=7)}, students)
+    with pytest.raises(DeploymentError, match="no pair 'zoo-l'"):
+        evaluate.deployed_checks(params, {"zoo-l": tree}, students)
