@@ -17,12 +17,18 @@ The `ddtree` policy (GRAFT) drafts with a `BlockProposer` instead: each round on
 config.block.budget nodes from the proposer's per-position marginals, verified by the same
 TargetVerifier (which then also keeps the target features the proposer reads, if any).
 
+A round whose pruned tree holds no drafted node (nothing drafted, or the per-round budget rule chose
+B = 0) runs as the baseline's own autoregressive step (TargetVerifier.step): no tree verify, no
+mask. A policy wrapped in decoder.switch_off.SwitchOff may also keep speculation off for whole
+rounds (no drafting, one autoregressive step); `GenerationResult.modes` counts both kinds.
+
 The command line is decoder/cli.py (`python -m decoder --target PATH [--mid PATH] --prompt TEXT`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,7 +45,7 @@ from decoder.edge_scorer import EdgeScorer
 from decoder.mid import MidDrafter
 from decoder.models import ModelPair, check_supported, context_of
 from decoder.ngram import NgramDrafter
-from decoder.outcome import GenerationResult, Output, RoundStats
+from decoder.outcome import DRAFTLESS, OFF, TREE, GenerationResult, Output, RoundStats
 from decoder.policies import (
     AR,
     DDTREE,
@@ -47,12 +53,15 @@ from decoder.policies import (
     Scheduler,
     StepContext,
     parse_policy,
+    round_done,
+    round_speculates,
     start_generation,
     uses_mid,
 )
 from decoder.tensors import causal_block, forward_block
 from decoder.timing import make_clock, no_clock, zero_times
-from decoder.verify import TargetVerifier, Verifier
+from decoder.tree import DraftTree
+from decoder.verify import SteppingVerifier, TargetVerifier, Verdict, Verifier, decode_one
 
 
 def max_tree_depth(config: DecodeConfig) -> int:
@@ -193,14 +202,12 @@ def _speculative(
     benchmark (benchmarks/bench_decoder.py) passes one, to run this very loop without forwards."""
     cfg = config.tree
     wall = make_clock(pair.target.device)
-    clock = wall if timing else no_clock
     rng = np.random.default_rng(config.seed)
     t_start = wall()
     if verifier is None:
         verifier = TargetVerifier(pair.target, pair.vocab_size, cfg.topk)
     ngram = NgramDrafter.for_tree(cfg)
     mid = MidDrafter(pair.mid, pair.vocab_size) if pair.mid is not None and uses_mid(scheduler) else None
-    builder = RoundBuilder(cfg, ngram, mid, clock)
     head = verifier.prefill(prompt)
     ngram.commit(prompt)
     ngram.cache.set_source(head.rows)  # the prompt's rows, each block computed when first read
@@ -211,41 +218,95 @@ def _speculative(
     if not out.done:
         ngram.commit([first])
         committed.append(first)
+    clock = wall if timing else no_clock
+    builder = RoundBuilder(cfg, ngram, mid, clock)
+    loop = _RoundLoop(config, verifier, ngram, mid, builder, clock, rng, committed, out)
     prefill_s = wall() - t_start
     rounds: list[RoundStats] = []
-    while not out.done:
+    while not loop.out.done:
+        stats = loop.tree_round(scheduler, runtime) if round_speculates(scheduler) else loop.off_round()
+        rounds.append(stats)
+        round_done(scheduler, stats)
+    return GenerationResult(loop.out.tokens, rounds, prefill_s, wall() - t_start, loop.out.hit_eos)
+
+
+@dataclass
+class _RoundLoop:
+    """One generation's round state: the drafters, the target side and what has been emitted."""
+
+    config: DecodeConfig
+    verifier: Verifier
+    ngram: NgramDrafter
+    mid: MidDrafter | None
+    builder: RoundBuilder
+    clock: Callable[[], float]
+    rng: np.random.Generator
+    committed: list[int]  # the prompt and every emitted token (the last one roots the next round)
+    out: Output
+
+    def tree_round(self, scheduler: Scheduler, runtime: RuntimeContext | None) -> RoundStats:
+        """Draft a tree, prune it, verify it; a tree left with no drafted node after the prune runs
+        as one autoregressive step instead (DRAFTLESS: same tokens, cache and score rows)."""
         times = zero_times()
-        lag = builder.mid_lag(committed)
-        blocks = ngram.cache.blocks_read
-        tree, steps = builder.build(committed, scheduler, times, runtime)
-        t0 = clock()
-        pruned = tree.prune(verify_budget(tree, cfg))
-        t1 = clock()
-        verdict = verifier.verify(pruned.tree, config.temperature, rng)
-        t2 = clock()
-        if mid is not None:
-            mid.end_round([int(pruned.source[a]) for a in verdict.accepted])
-        new = [pruned.tree.tokens[a] for a in verdict.accepted] + [verdict.bonus]
-        emitted = out.emit(new)
-        if not out.done:
-            ngram.cache.set_rows(verdict.top.start, verdict.top.tokens, verdict.top.logps)
-            ngram.commit(new)
-            committed.extend(new)
+        lag = self.builder.mid_lag(self.committed)
+        blocks = self.ngram.cache.blocks_read
+        tree, steps = self.builder.build(self.committed, scheduler, times, runtime)
+        t0 = self.clock()
+        pruned = tree.prune(verify_budget(tree, self.config.tree))
+        t1 = self.clock()
+        draftless = len(pruned.tree) == 1
+        if draftless:
+            verdict = self._step()
+        else:
+            verdict = self.verifier.verify(pruned.tree, self.config.temperature, self.rng)
+        t2 = self.clock()
+        if self.mid is not None:
+            self.mid.end_round([int(pruned.source[a]) for a in verdict.accepted])
+        emitted = self._commit([pruned.tree.tokens[a] for a in verdict.accepted] + [verdict.bonus], verdict)
         times["verify"] = t2 - t1
-        times["tree"] = t1 - t0 + clock() - t2
-        rounds.append(
-            RoundStats(
-                min(len(verdict.accepted), emitted),  # drafted tokens come first in `new`
-                emitted,
-                tree.n_alive - 1,
-                len(pruned.tree) - 1,
-                tuple(steps),
-                times,
-                lag,
-                ngram.cache.blocks_read - blocks,
-            )
+        times["tree"] = t1 - t0 + self.clock() - t2
+        return RoundStats(
+            min(len(verdict.accepted), emitted),  # drafted tokens come first in `new`
+            emitted,
+            tree.n_alive - 1,
+            len(pruned.tree) - 1,
+            tuple(steps),
+            times,
+            lag,
+            self.ngram.cache.blocks_read - blocks,
+            DRAFTLESS if draftless else TREE,
         )
-    return GenerationResult(out.tokens, rounds, prefill_s, wall() - t_start, out.hit_eos)
+
+    def off_round(self) -> RoundStats:
+        """Speculation switched off for this round: one autoregressive step, no drafting. The
+        n-gram index and its score rows still take the new token, so drafting resumes where AR is."""
+        times = zero_times()
+        lag = self.builder.mid_lag(self.committed)
+        t0 = self.clock()
+        verdict = self._step()
+        t1 = self.clock()
+        if self.mid is not None:
+            self.mid.end_round([])  # no call this round: keeps its cache as it is
+        emitted = self._commit([verdict.bonus], verdict)
+        times["verify"] = t1 - t0
+        times["tree"] = self.clock() - t1
+        return RoundStats(0, emitted, 0, 0, (), times, lag, 0, OFF)
+
+    def _step(self) -> Verdict:
+        """The target's autoregressive step over the root (a verifier without one: a bare root)."""
+        root = self.committed[-1]
+        if isinstance(self.verifier, SteppingVerifier):
+            return self.verifier.step(root, self.config.temperature, self.rng)
+        return self.verifier.verify(DraftTree(root), self.config.temperature, self.rng)
+
+    def _commit(self, new: list[int], verdict: Verdict) -> int:
+        """Emit the round's tokens; unless done, update the n-gram index, its rows and the context."""
+        emitted = self.out.emit(new)
+        if not self.out.done:
+            self.ngram.cache.set_rows(verdict.top.start, verdict.top.tokens, verdict.top.logps)
+            self.ngram.commit(new)
+            self.committed.extend(new)
+        return emitted
 
 
 def check_block_prompt(
@@ -278,15 +339,12 @@ def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> 
     logits = forward_block(model, cache, causal_block(prompt, 0, 0), logits_to_keep=1)[-1, : pair.vocab_size]
     prefill_s = clock() - t_start
     out = Output(config.max_new_tokens, pair.eos_token_ids)
-    pos = len(prompt)
     while True:
         token = next_token(logits, config.temperature, rng)
         out.emit([token])
         if out.done:
             break
-        block = causal_block([token], pos, pos)
-        logits = forward_block(model, cache, block, logits_to_keep=1)[-1, : pair.vocab_size]
-        pos += 1
+        logits = decode_one(model, cache, token, pair.vocab_size)
     return GenerationResult(out.tokens, [], prefill_s, clock() - t_start, out.hit_eos)
 
 
@@ -307,3 +365,11 @@ def encode_prompt(tokenizer: object, text: str, raw: bool = False) -> list[int]:
     else:
         ids = tokenizer(text)["input_ids"]
     return [int(t) for t in ids]
+
+
+if __name__ == "__main__":
+    import sys
+
+    # a library module: `python -m decoder.generate` once printed nothing and exited 0
+    print("error: decoder.generate is a library; run `python -m decoder --help` to decode", file=sys.stderr)
+    raise SystemExit(2)

@@ -2,6 +2,12 @@
 
 Shared by every decoding path (decoder/generate.py, decoder/block_decode.py), so each records its
 rounds the same way and stops right after the first EOS or at max_new_tokens, never later.
+
+A round is one of three kinds (`RoundStats.mode`): a tree verified by the target (TREE); a round
+whose tree held no drafted node after the prune, run as one autoregressive step (DRAFTLESS: drafting
+ran, verification did not); or a round in which a switch-off wrapper (decoder/switch_off.py) kept
+speculation off, one autoregressive step with no drafting at all (OFF). `RoundModes` counts them
+per request.
 """
 
 from __future__ import annotations
@@ -13,6 +19,10 @@ import numpy as np
 
 from decoder.construct import StepRecord
 from decoder.timing import zero_times
+
+TREE = "tree"
+DRAFTLESS = "draftless"
+OFF = "off"
 
 
 def first_round_start(prompt: Sequence[int]) -> int:
@@ -32,10 +42,43 @@ class RoundStats:
     times: dict[str, float]  # seconds per component
     mid_lag: int = 0  # committed tokens the mid drafter's cache lacked at the round's start
     prompt_blocks: int = 0  # blocks of the prompt's top-m rows the round's n-gram steps computed
+    mode: str = TREE  # TREE, DRAFTLESS or OFF (module docstring)
+
+    def __post_init__(self) -> None:
+        if self.mode not in (TREE, DRAFTLESS, OFF):
+            raise ValueError(f"RoundStats.mode must be {TREE!r}, {DRAFTLESS!r} or {OFF!r}, got {self.mode!r}")
 
     @property
     def mid_calls(self) -> tuple[bool, ...]:
         return tuple(s.used_mid for s in self.steps)
+
+    @property
+    def is_ar_step(self) -> bool:
+        """Whether the target ran this round as one autoregressive step (no tree verify)."""
+        return self.mode != TREE
+
+
+@dataclass(frozen=True)
+class RoundModes:
+    """Per request: how its rounds ran, and how often speculation was switched off."""
+
+    speculated: int  # rounds that drafted (TREE and DRAFTLESS)
+    verified: int  # of those, rounds whose tree the target verified (TREE)
+    draftless: int  # rounds that drafted nothing and ran as an autoregressive step
+    switched_off: int  # rounds run as an autoregressive step with speculation off (OFF)
+    switch_offs: int  # runs of OFF rounds: the times speculation was turned off
+
+    @property
+    def as_ar(self) -> int:
+        """Rounds the target ran as one autoregressive step."""
+        return self.draftless + self.switched_off
+
+    @classmethod
+    def of(cls, rounds: Sequence[RoundStats]) -> RoundModes:
+        modes = [r.mode for r in rounds]
+        offs = sum(m == OFF and (i == 0 or modes[i - 1] != OFF) for i, m in enumerate(modes))
+        n_off, n_draftless = modes.count(OFF), modes.count(DRAFTLESS)
+        return cls(len(modes) - n_off, modes.count(TREE), n_draftless, n_off, offs)
 
 
 @dataclass(frozen=True)
@@ -55,6 +98,11 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         return len(self.new_tokens) / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def modes(self) -> RoundModes:
+        """How the rounds ran: verified trees, autoregressive steps, switch-offs."""
+        return RoundModes.of(self.rounds)
 
     @property
     def mean_accepted_length(self) -> float:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from decoder.outcome import RoundStats
     from decoder.tree import DraftTree
 
 
@@ -129,6 +130,21 @@ def start_generation(scheduler: object) -> None:
         reset()
 
 
+def round_speculates(scheduler: object) -> bool:
+    """Whether the round about to start drafts a tree. A scheduler that can keep speculation off for
+    a request (decoder.switch_off.SwitchOff) answers with ``speculate_round()``, called once per
+    round before any drafting; any other scheduler speculates every round."""
+    ask = getattr(scheduler, "speculate_round", None)
+    return bool(ask()) if callable(ask) else True
+
+
+def round_done(scheduler: object, stats: RoundStats) -> None:
+    """Hand the finished round's statistics to a scheduler that watches them (``round_done``)."""
+    tell = getattr(scheduler, "round_done", None)
+    if callable(tell):
+        tell(stats)
+
+
 @dataclass(frozen=True)
 class FixedSchedule:
     """Invoke the mid drafter at the steps whose bit is set."""
@@ -171,5 +187,9 @@ def parse_policy(policy: str | Callable[[StepContext], bool], depth: int) -> str
 
 
 def uses_mid(policy: str | Scheduler) -> bool:
-    """Whether the TreeGraft construction calls the mid drafter ('ddtree' has its own proposer)."""
+    """Whether the TreeGraft construction calls the mid drafter ('ddtree' has its own proposer); a
+    wrapper (decoder.switch_off.SwitchOff) answers for the policy it wraps (``inner``)."""
+    inner = getattr(policy, "inner", None)
+    if inner is not None:
+        return uses_mid(inner)
     return not (policy in (AR, DDTREE) or (isinstance(policy, FixedSchedule) and not any(policy.bits)))

@@ -7,7 +7,10 @@ so a speculative decode takes no more target forwards than the baseline for the 
 `verify` runs the root and the pruned tree in one forward with a 4D ancestor
 mask, picks the accepted path (greedy, or lossless rejection sampling at temperature > 0), keeps
 the KV of the root and the accepted path only, and hands back the target's top-m log-probs at
-those positions so the n-gram drafter's score cache stays fresh.
+those positions so the n-gram drafter's score cache stays fresh. A round with no drafted node
+calls `step` instead: the autoregressive baseline's own one-token step (`decode_one`: no mask, the
+output head on one row), which leaves the cache and the root's top-m row as a bare-root verify
+would, and draws the token with the same rule and the same draws from the generator.
 
 Optionally (`feature_layers`, for block drafters: decoder/block.py) the same forwards also return
 the hidden states at those layers, and the verifier keeps the rows of every cached position in
@@ -24,13 +27,13 @@ states on demand, a block of positions at a time, only for the blocks the n-gram
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
-from decoder.device_rows import TorchRow
+from decoder.device_rows import TorchRow, next_token
 from decoder.feature_rows import FeatureRows, check_feature_layers
 from decoder.sampling import sample_walk
 from decoder.tensors import (
@@ -119,6 +122,23 @@ class Verifier(Protocol):
     def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict: ...
 
 
+@runtime_checkable
+class SteppingVerifier(Verifier, Protocol):
+    """A Verifier that also runs a round with no drafted node as one autoregressive step. The loop
+    uses `step` where a verifier has it; a stand-in without it (benchmarks/bench_decoder.py's)
+    verifies the bare root instead, with the same outcome."""
+
+    def step(self, root: int, temperature: float, rng: np.random.Generator) -> Verdict: ...
+
+
+@torch.inference_mode()
+def decode_one(model: torch.nn.Module, cache: DynamicCache, token: int, vocab_size: int) -> torch.Tensor:
+    """The autoregressive step: `token` at the next position on top of the cache (which grows by
+    one), no mask, the output head on that one row; its fp32 next-token logits [V]."""
+    pos = cache.get_seq_length()
+    return forward_block(model, cache, causal_block([token], pos, pos), logits_to_keep=1)[-1, :vocab_size]
+
+
 def top_logps(logits: torch.Tensor, m: int, start: int) -> TopLogps:
     vals, ids = torch.topk(torch.log_softmax(logits, dim=-1), k=min(m, logits.shape[-1]), dim=-1)
     return TopLogps(start=start, tokens=ids.tolist(), logps=vals.tolist())
@@ -171,6 +191,19 @@ class TargetVerifier:
         if len(context) < 2:
             return TopLogps(start=0, tokens=[], logps=[])
         return self.prefill(context[:-1]).top
+
+    def step(self, root: int, temperature: float, rng: np.random.Generator) -> Verdict:
+        """A round with no drafted node, as the autoregressive baseline runs it (`decode_one`): the
+        cache gains the root's row, the verdict accepts nothing and carries the root's top-m row.
+        At temperature > 0 the token is drawn as `verify` draws a bare root's bonus (one uniform
+        from rng), so the generator's stream does not depend on which of the two ran. Kept target
+        features need the hidden states a one-token step does not return: `verify` runs then."""
+        if self._features is not None:
+            return self.verify(DraftTree(root), temperature, rng)
+        prefix = self.n_cached
+        logits = decode_one(self.model, self.cache, root, self.vocab_size)
+        bonus = next_token(logits, temperature, rng)
+        return Verdict(accepted=[], bonus=bonus, top=top_logps(logits[None], self.topk, prefix))
 
     def verify(self, tree: DraftTree, temperature: float, rng: np.random.Generator) -> Verdict:
         """One forward over root + tree; accept, compact the cache, return the verdict."""

@@ -1,0 +1,308 @@
+"""Never slower than AR? Per prompt, AR and the chosen policy decoded alternately, fp32 and bf16.
+
+Usage:
+    .venv/bin/python benchmarks/bench_never_loses.py --pair zoo-m            # a registered (zoo) pair
+    .venv/bin/python benchmarks/bench_never_loses.py --target PATH --mid PATH --template chatml \\
+        [--latency-profile PROFILE.json]                                     # a pair by local path
+    [--questions question.jsonl] [--limit N] [--per-dataset 2] [--dtypes float32 bfloat16]
+    [--policy all-small] [--budget 6 --width 2 --topk 2 --ngram-min-n 2] [--switch-off]
+    [--max-new-tokens 32] [--linear stock] [--out artifacts/bench/never_loses]
+
+Prompts: a Spec-Bench-format question.jsonl (--questions; category per question), or by default the
+project's own held-back prompts: the first --per-dataset questions of each dataset of
+evaluate.datasets from evaluate.prompt_start on (artifacts/data, written by the data stage).
+Policy: a registered pair decodes with the budget stage's decode_policy at its chosen shape when
+budgets.json has it; otherwise, and for a pair by path, --policy at the shape given here (the
+defaults are issue 51's B = 6, W x m = 2 x 2, n-gram matches >= 2). --switch-off wraps the policy
+in decoder.switch_off.SwitchOff, priced with the pair's latency profile (the profile stage's for a
+registered pair, --latency-profile for one by path).
+Per dtype the pair is loaded afresh and every prompt is decoded by AR, then by the policy (one
+shared warm-up first, wall clock only). Per prompt: the wall-time ratio AR / policy, A (accepted
+drafted tokens per round), the rounds verified / run as AR / switch-offs, the priced ratio when a
+profile is at hand, and whether the output is identical to AR's, a classified near-tie (bf16) or a
+real mismatch (decoder.check_lossless, fp32 judge). Per dtype: pooled ratio (tokens/s), minimum,
+prompts under 0.97x, and the process's RSS after loading and at its peak. Writes <out>.json, .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import logging
+import os
+import resource
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+from collectors.budget_file import budgets_path
+from collectors.latency import LatencyProfile, load_profile
+from collectors.plan import pair_tree, profile_for, tree_config
+from collectors.prompts import PromptFileError, Question, encode_prompts, load_benchmarks, load_questions
+from collectors.round_prices import ProfilePricer
+from config.params import Params, load_params, resolve
+from decoder.check_lossless import check_outputs, fp32_judge
+from decoder.config import DecodeConfig, TreeConfig
+from decoder.generate import GenerationResult
+from decoder.measure import Method, run_side_by_side
+from decoder.memory import keep_freed_memory
+from decoder.models import load_pair
+from decoder.policies import AR, parse_policy
+from decoder.switch_off import SwitchOff
+
+log = logging.getLogger("bench_never_loses")
+MAX_PROMPT_TOKENS = 256
+FLOOR = 0.97  # issue 51: every prompt at least this fraction of AR's speed
+POLICY = "policy"
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where the pair comes from and what it decodes with."""
+
+    name: str
+    target: Path
+    mid: Path | None
+    template: str
+    tree: TreeConfig
+    policy: str
+    profile: LatencyProfile | None
+
+
+def rss_gib() -> tuple[float, float]:
+    """(current, peak) resident set size of this process in GiB (Linux)."""
+    current = 0.0
+    with open("/proc/self/status", encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                current = int(line.split()[1]) / 2**20
+    return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def held_back(params: Params, per_dataset: int) -> list[Question]:
+    """The first per_dataset questions of each evaluate dataset from evaluate.prompt_start on."""
+    benches = load_benchmarks(resolve(params.data.out_dir), list(params.evaluate.datasets))
+    start = params.evaluate.prompt_start
+    return [q for qs in benches.values() for q in qs[start : start + per_dataset]]
+
+
+def cli_tree(params: Params, args: argparse.Namespace) -> TreeConfig:
+    return dataclasses.replace(
+        tree_config(params.tree),
+        budget=args.budget,
+        width=args.width,
+        topk=args.topk,
+        ngram_min_n=args.ngram_min_n,
+    )
+
+
+def source_of(params: Params, args: argparse.Namespace) -> Source:
+    if args.pair:
+        target, mid = params.pair_paths(args.pair)
+        spec = params.pairs[args.pair]
+        profile_file = resolve(params.profile.out_dir) / f"{args.pair}.json"
+        profile = profile_for(params, args.pair) if profile_file.is_file() else None
+        tree, policy = cli_tree(params, args), args.policy
+        chosen = budgets_path(params)
+        if chosen.is_file() and args.pair in json.loads(chosen.read_text(encoding="utf-8")):
+            tree = pair_tree(params, args.pair)
+            policy = json.loads(chosen.read_text(encoding="utf-8"))[args.pair].get("decode_policy", policy)
+        return Source(
+            args.pair, Path(target), Path(mid) if mid else None, spec.template, tree, policy, profile
+        )
+    profile = load_profile(args.latency_profile) if args.latency_profile else None
+    mid = Path(args.mid) if args.mid else None
+    return Source(
+        Path(args.target).name,
+        Path(args.target),
+        mid,
+        args.template,
+        cli_tree(params, args),
+        args.policy,
+        profile,
+    )
+
+
+def method_of(source: Source, switch_off: bool) -> Method:
+    """The policy as a Method; wrapped in SwitchOff (priced with the profile) when asked."""
+    if not switch_off or source.policy == AR:
+        return Method(POLICY, source.policy, source.tree)
+    if source.profile is None:
+        raise SystemExit(
+            f"error: --switch-off needs a latency profile for {source.name!r} (--latency-profile)"
+        )
+    inner = parse_policy(source.policy, source.tree.depth)
+    pricer = ProfilePricer.for_policy(source.profile, inner)
+    return Method(POLICY, SwitchOff(inner, pricer), source.tree)
+
+
+def classify(pair, prompts, ar: list[GenerationResult], res: list[GenerationResult]) -> list[str]:
+    """Per prompt: identical to AR, a near-tie (every divergence within the dtype's tolerance) or a
+    real mismatch, judged by the fp32 target (decoder.check_lossless)."""
+    ref, out = [r.new_tokens for r in ar], [r.new_tokens for r in res]
+    judge = fp32_judge(pair.target) if ref != out else pair.target
+    report = check_outputs(judge, prompts, ref, out, pair.target.dtype)
+    return [
+        "identical" if c.identical else ("mismatch" if c.real_mismatches else "near-tie")
+        for c in report.checks
+    ]
+
+
+def prompt_row(q: Question, ar: GenerationResult, res: GenerationResult, verdict: str, pricer) -> dict:
+    modes = res.modes
+    row = {
+        "category": f"{q.dataset}/{q.category}",
+        "question_id": q.question_id,
+        "n_tokens": len(res.new_tokens),
+        "ratio": ar.wall_s / res.wall_s if res.wall_s > 0 else 0.0,
+        "accepted": res.mean_accepted_length,
+        "rounds_verified": modes.verified,
+        "rounds_as_ar": modes.as_ar,
+        "switch_offs": modes.switch_offs,
+        "output": verdict,
+    }
+    if pricer is not None and res.decoded_tokens:
+        priced = sum(pricer.round_ms(r) for r in res.rounds)
+        row["priced_ratio"] = res.decoded_tokens * pricer.ar_ms / priced if res.rounds else 1.0
+    return row
+
+
+def measure_dtype(source: Source, dtype: str, questions: list[Question], args: argparse.Namespace) -> dict:
+    pair = load_pair(source.target, source.mid, dtype=dtype, device="cpu", linear=args.linear)
+    loaded = rss_gib()[0]
+    prompts = encode_prompts(questions, pair.tokenizer, source.template, MAX_PROMPT_TOKENS)
+    method = method_of(source, args.switch_off)
+    config = DecodeConfig(max_new_tokens=args.max_new_tokens)
+    results = run_side_by_side(pair, prompts, [method], config, None, warmup_tokens=4, timing=False)
+    ar, res = results[AR], results.get(POLICY, results[AR])
+    verdicts = classify(pair, prompts, ar, res)
+    pricer = None
+    if source.profile is not None:
+        pricer = ProfilePricer.for_policy(source.profile, getattr(method.policy, "inner", method.policy))
+    rows = [prompt_row(q, a, r, v, pricer) for q, a, r, v in zip(questions, ar, res, verdicts, strict=True)]
+    ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
+    tps = sum(len(r.new_tokens) for r in res) / sum(r.wall_s for r in res)
+    ratios = [row["ratio"] for row in rows]
+    info = {
+        "dtype": dtype,
+        "rows": rows,
+        "pooled_ratio": tps / ar_tps,
+        "min_ratio": min(ratios),
+        "below_floor": sum(r < FLOOR for r in ratios),
+        "rss_loaded_gib": loaded,
+        "rss_peak_gib": rss_gib()[1],
+    }
+    del pair, results
+    gc.collect()
+    return info
+
+
+def markdown(head: dict, infos: list[dict]) -> str:
+    lines = [
+        f"Pair `{head['pair']}`, policy {head['policy']}{' + switch-off' if head['switch_off'] else ''} at "
+        f"B = {head['budget']}, W x m = {head['width']} x {head['topk']}, "
+        f"n-gram matches >= {head['ngram_min_n']}; "
+        f"{head['n_prompts']} prompts, {head['max_new_tokens']} new tokens, {head['threads']} threads.",
+    ]
+    for info in infos:
+        lines += [
+            "",
+            f"**{info['dtype']}**: pooled {info['pooled_ratio']:.2f}x, minimum {info['min_ratio']:.2f}x, "
+            f"{info['below_floor']} prompt(s) under {FLOOR}x; RSS {info['rss_loaded_gib']:.2f} GiB loaded, "
+            f"{info['rss_peak_gib']:.2f} GiB peak (process so far).",
+            "",
+            "| prompt | ratio | priced | A | verified / as AR / switch-offs | output |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in info["rows"]:
+            priced = f"{r['priced_ratio']:.2f}x" if "priced_ratio" in r else "-"
+            lines.append(
+                f"| {r['category']} {r['question_id']} | {r['ratio']:.2f}x | {priced} | {r['accepted']:.2f} "
+                f"| {r['rounds_verified']} / {r['rounds_as_ar']} / {r['switch_offs']} | {r['output']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pair", help="a registered pair (params.yaml pairs), e.g. zoo-m")
+    which.add_argument("--target", help="a target model folder (a pair by local path)")
+    p.add_argument("--mid", help="the mid drafter's folder (with --target)")
+    p.add_argument("--template", default="chatml", help="chat template of a pair by path")
+    p.add_argument("--latency-profile", help="a profile JSON for a pair by path (pricing, --switch-off)")
+    p.add_argument("--profile", default=None, help="params profile (profiles/NAME.yaml)")
+    p.add_argument("--questions", help="a Spec-Bench-format question.jsonl (default: held-back prompts)")
+    p.add_argument("--limit", type=int, default=None, help="the first N questions of --questions")
+    p.add_argument("--per-dataset", type=int, default=2)
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    p.add_argument("--linear", default="stock", choices=["stock", "onednn"])
+    p.add_argument("--policy", default="all-small")
+    p.add_argument("--budget", type=int, default=6)
+    p.add_argument("--width", type=int, default=2)
+    p.add_argument("--topk", type=int, default=2)
+    p.add_argument("--ngram-min-n", type=int, default=2)
+    p.add_argument(
+        "--switch-off", action="store_true", help="wrap the policy in decoder.switch_off.SwitchOff"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--out", default="artifacts/bench/never_loses")
+    args = p.parse_args(argv)
+    if args.mid and not args.target:
+        p.error("--mid goes with --target")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    params = load_params(profile=args.profile)
+    torch.set_num_threads(params.runtime.torch_threads)
+    if params.runtime.keep_freed_memory:
+        keep_freed_memory()  # as the pipeline's decoding stages (decoder/memory.py)
+    try:
+        questions = (
+            load_questions(args.questions)[: args.limit]
+            if args.questions
+            else held_back(params, args.per_dataset)
+        )
+        source = source_of(params, args)
+        infos = []
+        for dtype in args.dtypes:
+            infos.append(measure_dtype(source, dtype, questions, args))
+            log.info(
+                "%s %s: pooled %.2fx, min %.2fx",
+                source.name,
+                dtype,
+                infos[-1]["pooled_ratio"],
+                infos[-1]["min_ratio"],
+            )
+    except (PromptFileError, FileNotFoundError) as err:  # no data or zoo yet: say what to run
+        raise SystemExit(f"error: {err} (run `make repro` first, or pass --questions / --target)") from None
+    head = {
+        "pair": source.name,
+        "policy": source.policy,
+        "switch_off": bool(args.switch_off and source.policy != AR),
+        **{k: getattr(source.tree, k) for k in ("budget", "width", "topk", "ngram_min_n")},
+        "n_prompts": len(questions),
+        "max_new_tokens": args.max_new_tokens,
+        "threads": params.runtime.torch_threads,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({**head, "dtypes": infos}, indent=2) + "\n", encoding="utf-8"
+    )
+    text = markdown(head, infos)
+    out.with_suffix(".md").write_text(text, encoding="utf-8")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

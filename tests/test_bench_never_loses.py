@@ -1,0 +1,44 @@
+"""benchmarks/bench_never_loses.py runs end to end on a tiny pair by path and a two-question file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from conftest import noisy_copy, tiny_model, train_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_never_loses
+
+
+def test_the_benchmark_reports_every_prompt_in_both_dtypes(tmp_path):
+    tok = train_tokenizer([f"def f{i}(x):\n    return x * {i}\n" * 3 for i in range(100)], 96)
+    target = tiny_model("qwen3", seed=71)
+    for name, model in (("target", target), ("mid", noisy_copy(target, 0.3, seed=72))):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    questions = tmp_path / "bench" / "question.jsonl"
+    questions.parent.mkdir()
+    rows = [("coding", "def f3(x): return x * 3 def f3(x):"), ("math", "return x * 7 return")]
+    questions.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": c, "turns": [t]}) + "\n"
+            for i, (c, t) in enumerate(rows)
+        )
+    )
+    out = tmp_path / "never"
+    bench_never_loses.main(
+        ["--target", str(tmp_path / "target"), "--mid", str(tmp_path / "mid"), "--template", "zoo",
+         "--questions", str(questions), "--max-new-tokens", "10", "--out", str(out)]
+    )  # fmt: skip
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert [d["dtype"] for d in report["dtypes"]] == ["float32", "bfloat16"]
+    for info in report["dtypes"]:
+        assert [r["category"] for r in info["rows"]] == ["bench/coding", "bench/math"]
+        assert info["min_ratio"] == min(r["ratio"] for r in info["rows"]) > 0
+        assert info["rss_peak_gib"] >= info["rss_loaded_gib"] > 0
+        assert all(r["output"] in ("identical", "near-tie", "mismatch") for r in info["rows"])
+        assert all(r["rounds_verified"] + r["rounds_as_ar"] >= 1 for r in info["rows"])
+    assert all(r["output"] == "identical" for r in report["dtypes"][0]["rows"])  # fp32 is exact
+    assert "| bench/coding 0 |" in out.with_suffix(".md").read_text()
