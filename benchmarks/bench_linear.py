@@ -6,14 +6,15 @@ Usage (after `python -m models.real_pair`; any registered pair works):
         [--decode-tokens 24] [--out artifacts/bench/linear.json]
 
 The pair's target and mid are each loaded twice in the pair's dtype (as decoder.models.load_pair
-loads them): with stock nn.Linear layers and with `linear: onednn` (torch.utils.mkldnn.MkldnnLinear,
-weights prepacked). For each model and each n, a forward of n tokens on a cache of --context
-committed tokens runs --repeats times per kernel, the kernels alternating, the cache cropped back
-outside the timed part. Then each kernel's target decodes --decode-tokens tokens greedily from the
-same context, twice, alternating; the outputs must agree token for token (fp32: a kernel choice
-must not change what the target says). Printed: median ms with the [min, max] spread, cost
-relative to that kernel's own 1-token forward (the cost curve a tree is priced on), and the
-oneDNN/stock ratio. Wall clock, both cores: run it alone.
+loads them): with stock nn.Linear layers and with `linear: onednn` (decoder.onednn_linear's
+OneDNNLinear: oneDNN's inner product on the layer's own weight). For each model and each n, a
+forward of n tokens on a cache of --context committed tokens runs --repeats times per kernel, the
+kernels alternating, the cache cropped back outside the timed part. Then each kernel's target
+decodes --decode-tokens tokens greedily from the same context, twice, alternating; the outputs must
+agree token for token (fp32: a kernel choice must not change what the target says). Printed: median
+ms with the [min, max] spread, cost relative to that kernel's own 1-token forward (the cost curve a
+tree is priced on), and the oneDNN/stock ratio. Wall clock, both cores: run it alone. The kernels'
+resident memory: benchmarks/bench_linear_memory.py.
 """
 
 from __future__ import annotations

@@ -13,14 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.mkldnn import MkldnnLinear
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from decoder.checkpoint import verify_folder
+from decoder.onednn_linear import OneDNNLinear, rehome_tensors
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MASK_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D float mask
-# How a model's nn.Linear layers run: "stock" as loaded; "onednn" swapped for PyTorch's own
-# inference module (torch.utils.mkldnn.MkldnnLinear, weights prepacked once) on CPU. On this CPU
-# the stock fp32 matmul of 2-3 rows costs 2-3x one row's (MKL's small-M path), oneDNN's about 1.1-1.8x.
+# How a model's nn.Linear layers run: "stock" as loaded; "onednn" by oneDNN's inner product on the
+# layer's own weight (decoder.onednn_linear.OneDNNLinear: held once, a tied head stays tied) on CPU.
+# On this CPU the stock fp32 matmul of 2-3 rows costs 2-3x one row's (MKL's small-M path), oneDNN's
+# about 1.1-1.8x.
 LINEAR_KERNELS = ("stock", "onednn")
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -132,9 +136,11 @@ def check_device(device: str) -> torch.device:
 
 
 def use_onednn_linears(model: torch.nn.Module) -> int:
-    """Swap every nn.Linear of a CPU model for PyTorch's oneDNN inference linear, in place; return
-    how many. The modeling code stays stock: only the modules that run its matmuls change (their
-    weights become prepacked oneDNN tensors, so nothing may train or save them afterwards)."""
+    """Swap every nn.Linear of a CPU model for OneDNNLinear, in place; return how many. The modeling
+    code stays stock, and so do the weights' values: every tensor is first moved, once, into aligned
+    memory of its own (decoder.onednn_linear.rehome_tensors: a checkpoint's file mapping goes), and
+    each swapped layer keeps its own Parameters (held once, a tied LM head still the input
+    embedding's tensor); only the kernel that runs the matmul changes."""
     if model.device.type != "cpu":
         raise ValueError(f"linear kernel 'onednn' runs on CPU only; the model is on {model.device}")
     if model.dtype not in ONEDNN_DTYPES:
@@ -147,8 +153,16 @@ def use_onednn_linears(model: torch.nn.Module) -> int:
         for name, child in parent.named_children()
         if type(child) is torch.nn.Linear
     ]
+    for _, name, child in swaps:
+        # one oneDNN op multiplies tensors of one dtype; refuse before any layer is swapped
+        if child.weight.dtype != model.dtype:
+            raise ValueError(
+                f"linear kernel 'onednn': layer {name!r} holds {child.weight.dtype}, "
+                f"the model is {model.dtype}"
+            )
+    rehome_tensors(model)
     for parent, name, child in swaps:
-        setattr(parent, name, MkldnnLinear(child, model.dtype))
+        setattr(parent, name, OneDNNLinear(child))
     return len(swaps)
 
 
@@ -175,9 +189,13 @@ def load_causal_lm(
         )
     dev = check_device(device)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=DTYPES[dtype], local_files_only=True, attn_implementation=attn_implementation
-    )
+    verify_folder(path)  # a recorded folder (zoo, real pair) must match its digests
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], local_files_only=True, attn_implementation=attn_implementation
+        )
+    except SafetensorError as err:  # a cut or garbled file: one error naming the folder, for the CLI
+        raise ValueError(f"{path}: unreadable safetensors checkpoint ({err})") from None
     model = model.to(dev).eval()
     if linear == "onednn":
         use_onednn_linears(model)

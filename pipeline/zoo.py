@@ -1,6 +1,7 @@
 """DVC stage ``zoo``: train the tokenizer, target models, distilled mid drafters and block drafters.
 
-Reads ``data.out_dir/corpus``; writes ``zoo.out_dir/<model>/`` (safetensors + tokenizer) and
+Reads ``data.out_dir/corpus``; writes ``zoo.out_dir/<model>/`` (safetensors + tokenizer + the
+folder's ``checkpoint_digest.json``, which loading verifies) and
 ``zoo.out_dir/zoo.json``; block drafters in ``zoo.out_dir/<name>/`` (block_drafter.json + .safetensors).
 """
 

@@ -4,14 +4,18 @@ conversion is published by rename only when complete, and reused only when its r
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from config.params import ChunkedModel, PinnedPackage, load_params
 from models import real_pair
@@ -87,7 +91,11 @@ def half_then(fail):
 
 def complete(gguf: Path, out_dir: Path, dtype: str) -> None:
     (out_dir / "config.json").write_text("{}")
-    (out_dir / "model.safetensors").write_bytes(gguf.read_bytes())
+    save_file({"gguf": np.frombuffer(gguf.read_bytes(), dtype=np.uint8)}, str(out_dir / "model.safetensors"))
+
+
+def converted_bytes(out: Path) -> bytes:
+    return load_file(str(out / "model.safetensors"))["gguf"].tobytes()
 
 
 def test_interrupted_conversion_leaves_no_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,10 +129,11 @@ with pytest.MonkeyPatch.context() as mp:
     spec = fake_spec(tmp_path)
     out = Path(spec.out)
     assert not out.exists()
-    assert [p.name.startswith(".model.partial-") for p in out.parent.iterdir()] == [True]  # the leftover
+    leftovers = sorted(p.name.split("-")[0] for p in out.parent.iterdir())
+    assert leftovers == [".model.download", ".model.partial"]  # SIGKILL runs no cleanup
     fetched = install_fakes(monkeypatch, tmp_path, complete)
     assert real_pair.build(spec, "bfloat16") == out
-    assert (out / "model.safetensors").read_bytes() == b"".join(PARTS) and len(fetched) == 2
+    assert converted_bytes(out) == b"".join(PARTS) and len(fetched) == 2
     assert [p.name for p in out.parent.iterdir()] == ["model"]  # leftover removed
     assert real_pair.build(spec, "bfloat16") == out and len(fetched) == 2  # reused: nothing fetched
     # a folder from another recipe (or from the old half-writing code) is rebuilt, not reused
@@ -132,3 +141,77 @@ with pytest.MonkeyPatch.context() as mp:
     assert real_pair.build(spec, "bfloat16") == out and len(fetched) == 4
     assert real_pair.is_complete(out, spec, "bfloat16")
     assert not real_pair.is_complete(out, spec, "float32")
+
+
+def test_is_complete_checks_the_recorded_digests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = fake_spec(tmp_path)
+    install_fakes(monkeypatch, tmp_path, complete)
+    out = real_pair.build(spec, "bfloat16")
+    record = json.loads((out / real_pair.RECIPE_FILE).read_text())
+    assert set(record["files"]) == {"config.json", "model.safetensors"}
+    assert real_pair.is_complete(out, spec, "bfloat16")
+    weights = out / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])  # weights cut to half
+    assert not real_pair.is_complete(out, spec, "bfloat16")
+    flipped = bytearray(data)
+    flipped[-1] ^= 0x01  # two flipped bits in the tensor data: the header still parses
+    flipped[-9] ^= 0x40
+    weights.write_bytes(bytes(flipped))
+    assert not real_pair.is_complete(out, spec, "bfloat16")
+    weights.write_bytes(data)
+    assert real_pair.is_complete(out, spec, "bfloat16")
+    del record["files"]  # a conversion recorded before digests existed is rebuilt, not trusted
+    (out / real_pair.RECIPE_FILE).write_text(json.dumps(record))
+    assert not real_pair.is_complete(out, spec, "bfloat16")
+
+
+def test_sigterm_mid_download_leaves_nothing(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = f"""
+import tempfile, time, sys
+from pathlib import Path
+import pytest
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_real_pair import complete, fake_spec, install_fakes
+from models import real_pair
+tmp = Path({str(tmp_path)!r})
+
+def slow_download(pin, dest):
+    (dest / "chunk.whl").write_bytes(b"x" * 4096)  # what pip has saved so far
+    tempfile.mkstemp(prefix="pip-unpack-")  # pip's own temporary file (TMPDIR)
+    Path({str(ready)!r}).touch()
+    time.sleep(60)
+
+with pytest.MonkeyPatch.context() as mp:
+    install_fakes(mp, tmp, complete)
+    mp.setattr(real_pair, "download", slow_download)
+    real_pair.build(fake_spec(tmp), "bfloat16")
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if ready.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert ready.exists(), proc.stderr.read() if proc.stderr else ""
+        parent = Path(fake_spec(tmp_path).out).parent
+        assert any(p.name.startswith(".model.download-") for p in parent.iterdir())
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert list(parent.iterdir()) == []  # staging and download folders removed, pip's temp with them
+
+
+def test_leftovers_of_a_killed_run_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = fake_spec(tmp_path)
+    parent = Path(spec.out).parent
+    for name in (".model.download-abc", ".model.partial-def"):
+        (parent / name / "000").mkdir(parents=True)
+        (parent / name / "000" / "big.whl").write_bytes(b"x" * 1024)
+    (parent / ".other.download-x").mkdir()  # another model's run may still be going: kept
+    install_fakes(monkeypatch, tmp_path, complete)
+    real_pair.build(spec, "bfloat16")
+    assert sorted(p.name for p in parent.iterdir()) == [".other.download-x", "model"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from collectors.embedded_data import stdlib_files
 from config.params import ModelSpec, Params, load_params
 from decoder.block_drafter import load_block_drafter
+from decoder.checkpoint import DIGEST_FILE, CheckpointError, verify_folder
 from decoder.models import TokenizerMismatchError, load_pair
 from decoder.templates import get_template, render
 from models.lm_training import build_model, grow_model
@@ -241,3 +243,25 @@ def test_block_drafter_targets_are_checked() -> None:
     taken = {"mid-s": zoo.block_drafters["block-m"]}
     with pytest.raises(ValueError, match=r"zoo.block_drafters.mid-s: the name is taken"):
         check_block_targets(replace(zoo, block_drafters=taken))
+
+
+def test_every_zoo_folder_records_its_digests_and_loading_checks_them(
+    smoke_zoo: tuple[Path, dict], tmp_path: Path
+) -> None:
+    out, manifest = smoke_zoo
+    for section in ("models", "block_drafters"):
+        for name, info in manifest[section].items():
+            record = json.loads((out / name / DIGEST_FILE).read_text())
+            assert record == info["files_sha256"], name  # zoo.json holds the same record
+            on_disk = {p.name for p in (out / name).iterdir() if p.name != DIGEST_FILE}
+            assert set(record) == on_disk, name
+            assert verify_folder(out / name)
+    copy = tmp_path / "target-s"
+    shutil.copytree(out / "target-s", copy)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-11] ^= 0x01
+    data[-12] ^= 0x80
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"target-s/model\.safetensors: SHA-256"):
+        load_pair(copy, out / "mid-s")
