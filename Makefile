@@ -4,23 +4,47 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-gpu lint bench repro results bench-regimes bench-real-pair ui clean
+.PHONY: setup setup-gpu test test-gpu gpu-check lint bench bench-never-loses repro results bench-regimes \
+	bench-real-pair ui clean
 
 setup: $(STAMP)
 
-# torch is pinned in pyproject and installed in the same pip command as everything else,
-# so pip picks the local CPU wheel instead of resolving a CUDA build.
-$(STAMP): pyproject.toml constraints.txt
+# Every package is pinned by version and SHA-256 in requirements.lock (made from constraints.txt;
+# tests/test_lock.py keeps the two in step), pip itself by version; torch is the local CPU wheel.
+# The project goes in last with --no-deps and no build isolation, so nothing unhashed is fetched.
+$(STAMP): pyproject.toml constraints.txt requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,ray]"
+	$(PY) -m pip install -q pip==26.3
+	$(PY) -m pip install -q --require-hashes -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -c "import torch, transformers, hypothesis, polars, ray"
+	touch $(STAMP)
+
+# A CUDA build of torch from PyPI (its plain Linux x86_64 wheel is the CUDA one) beside the same
+# pins as `make setup`: constraints.txt with torch==X+cpu turned into torch===X, which only the
+# plain wheel matches (==X would also match a +cpu wheel and keep it). torch's nvidia-* and triton
+# come at the versions torch itself pins.
+GPU_CONSTRAINTS := $(VENV)/constraints-gpu.txt
+
+setup-gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	sed -E 's/^torch==([^+]+)\+cpu$$/torch===\1/' constraints.txt > $(GPU_CONSTRAINTS)
+	grep -qE '^torch===' $(GPU_CONSTRAINTS) || { echo "constraints.txt: no torch==X+cpu line" >&2; exit 2; }
+	$(PY) -m pip install -q -c $(GPU_CONSTRAINTS) -e ".[dev,ray]"
+	$(PY) -c "import torch; assert torch.version.cuda, f'torch {torch.__version__} has no CUDA'; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pip check
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# One-command device check (benchmarks/gpu_check.py): fp32/bf16 lossless of every policy, a timing
+# table, a re-profile and the budget choice; writes gpu_check.{json,md} under $OUT or
+# artifacts/gpu_check. DEVICE=cpu runs it at smoke sizes (a CI test runs that too).
+DEVICE ?= cuda
+gpu-check: $(STAMP)
+	$(PY) -m benchmarks.gpu_check --device $(DEVICE) $(if $(filter cpu,$(DEVICE)),--smoke)
 
 # The lossless and numerics checks on CUDA (fp32 and bf16); they skip where no GPU is present.
 test-gpu: $(STAMP)
@@ -45,6 +69,11 @@ repro: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" HF_HUB_OFFLINE=1 TREEGRAFT_PIPELINE_RUN=$$run $(VENV)/bin/dvc repro; \
 	rc=$$?; $(PY) -m pipeline.tracking end $$run $$rc; exit $$rc
 
+# Per request, never meaningfully slower than AR: AR and the budget stage's policy decoded
+# alternately per held-back prompt (fp32 and bf16), with the per-request switch-off.
+bench-never-loses: repro
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_never_loses.py --pair zoo-m --switch-off
+
 bench-regimes: repro
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_regimes.py
 
@@ -64,7 +93,7 @@ bench-real-pair: repro
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.evaluate --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_real_pair.py
 
-# Rewrites the README's results section from the outputs of the last `make repro`.
+# Writes docs/results.md and the README's headline table from the outputs of the last `make repro`.
 results: $(STAMP)
 	$(PY) -m pipeline.readme
 

@@ -34,7 +34,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
-import torch
 
 import decoder.generate
 from benchmarks.pair_sources import TINY, bench_prompts, load_named
@@ -47,7 +46,7 @@ from collectors.records import runtime_for
 from collectors.report import ReportSpec
 from config.params import load_params, resolve
 from decoder.config import DecodeConfig, TreeConfig
-from decoder.memory import keep_freed_memory
+from decoder.memory import configure_process
 from decoder.scheduler import load_scheduler
 
 
@@ -98,7 +97,6 @@ def main() -> None:
     parser.add_argument("--out", default="artifacts/bench/pricing.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    torch.set_num_threads(args.threads)
     if args.cpu_clock:
         if args.threads != 1:
             parser.error("--cpu-clock needs --threads 1 (other torch threads' CPU time is not counted)")
@@ -106,8 +104,7 @@ def main() -> None:
     params = load_params(
         profile=args.overlay, overrides={"zoo": {"out_dir": args.zoo_dir}} if args.zoo_dir else None
     )
-    if params.runtime.keep_freed_memory:
-        keep_freed_memory()  # as the pipeline's decoding stages (decoder/memory.py)
+    configure_process(args.threads, params.runtime.keep_freed_memory)  # as the stages, with --threads
     s = params.profile
     names = args.pairs or [n for n in s.pairs if params.pair_paths(n)[0].exists()] or [TINY]
     config = DecodeConfig(max_new_tokens=args.max_new_tokens, tree=TreeConfig(**asdict(params.tree)))

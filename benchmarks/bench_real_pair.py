@@ -43,7 +43,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch
 
 from collectors.budget_file import BUDGETS_FILE
 from collectors.latency import LatencyProfile
@@ -55,7 +54,7 @@ from decoder.check_lossless import check_outputs, fp32_judge
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import GenerationResult
 from decoder.measure import Method, run_side_by_side, summarise_results
-from decoder.memory import keep_freed_memory
+from decoder.memory import configure_process
 from decoder.models import load_pair
 from decoder.policies import AR
 from decoder.scheduler import load_scheduler
@@ -315,9 +314,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = load_params(profile=args.profile)
-    torch.set_num_threads(params.runtime.torch_threads)
-    if params.runtime.keep_freed_memory:
-        keep_freed_memory()  # as the pipeline's decoding stages (decoder/memory.py)
+    configure_process(params.runtime.torch_threads, params.runtime.keep_freed_memory)  # as the stages
     infos = [measure_pair(params, pair_id, args) for pair_id in args.pairs]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,11 @@ processes (never forked: a forked torch runtime can deadlock) each set torch's t
 ``threads`` and take the tasks in their listed order; results come back in that order whatever
 order they finish in. ``fn`` must be a module-level function and the args picklable.
 
+Devices: on ``device="cuda"`` the pool runs one worker per visible CUDA device (``workers`` counts CPU
+processes only), and each worker makes its own ``cuda:i`` torch's current device before it takes a
+task (decoder.devices.worker_devices), so tasks that load onto a bare ``cuda`` never share a GPU.
+Any other device (``cpu``, an explicit ``cuda:1``) is every worker's, as ``workers`` says.
+
 A task that raises fails the run: the parent raises ``TaskError`` naming the task's label (a report
 id, a cell) with the worker's traceback; so does a worker that dies (killed, out of memory). Queued
 tasks are cancelled and the ones already handed to a worker are let finish before the error is
@@ -21,14 +26,14 @@ import multiprocessing.connection
 import os
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext
 
-import torch
-
-from decoder.memory import keep_freed_memory
+from decoder.devices import cuda_device_count, worker_devices
+from decoder.memory import configure_process
 
 
 class TaskError(RuntimeError):
@@ -53,14 +58,37 @@ def _exit_with(sentinel: int) -> None:
     os._exit(1)
 
 
-def _init_worker(threads: int, log_level: int, keep_freed: bool) -> None:
+_device: str | None = None  # the device this worker process took (None: not a pool worker)
+
+
+def worker_device() -> str | None:
+    """The device this pool worker took at start (``cpu``, ``cuda:i``); None outside a worker."""
+    return _device
+
+
+def pool_device(devices: Iterable[str]) -> str:
+    """The ``device`` for run_tasks of tasks decoding on ``devices`` (their pairs' params): ``cuda``
+    where any is a bare ``cuda`` (those get a GPU each; a CPU pair ignores the current GPU), else
+    ``cpu`` (explicit devices such as ``cuda:1`` need no sharing out)."""
+    return "cuda" if "cuda" in set(devices) else "cpu"
+
+
+def device_queue(ctx: BaseContext, device: str, workers: int) -> multiprocessing.Queue:
+    """The devices of ``workers`` pool workers decoding on ``device``, one for each to take."""
+    devices = ctx.Queue()
+    for d in worker_devices(device, cuda_device_count() if device == "cuda" else 0, workers):
+        devices.put(d)
+    return devices
+
+
+def _init_worker(threads: int, log_level: int, keep_freed: bool, devices: multiprocessing.Queue) -> None:
+    global _device
     # a parent killed outright (SIGKILL) must not leave workers behind, running or idle
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
-    torch.set_num_threads(threads)
-    if keep_freed:
-        keep_freed_memory()
+    _device = devices.get()  # each worker takes one of the parent's planned devices, none twice
+    configure_process(threads, keep_freed, _device)
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s [worker %(process)d]: %(message)s")
 
 
@@ -79,10 +107,14 @@ def run_tasks(
     threads: int,
     done: Callable[[Task, object], None] | None = None,
     keep_freed: bool = True,
+    device: str = "cpu",
 ) -> list:
     """``fn(*task.args)`` for every task, in task order; ``done(task, result)`` as each finishes.
-    Worker processes run ``threads`` torch threads and, with ``keep_freed``, keep freed memory
-    (decoder.memory.keep_freed_memory), as the parent's ``apply_runtime`` does."""
+    Worker processes run decoder.memory.configure_process: ``threads`` torch threads and, with
+    ``keep_freed``, freed memory kept, as the parent's ``apply_runtime`` does; and their own device
+    (``device="cuda"``: one worker per visible GPU, see the module docstring)."""
+    if device == "cuda":
+        workers = len(worker_devices(device, cuda_device_count()))  # one per GPU; no GPU: an error
     if workers <= 1 or len(tasks) <= 1:
         out = []
         for t in tasks:
@@ -92,8 +124,9 @@ def run_tasks(
         return out
     results: dict[int, object] = {}
     ctx = multiprocessing.get_context("spawn")
-    init = (threads, logging.getLogger().level, keep_freed)
-    pool = ProcessPoolExecutor(min(workers, len(tasks)), ctx, _init_worker, init)
+    n = min(workers, len(tasks))
+    init = (threads, logging.getLogger().level, keep_freed, device_queue(ctx, device, n))
+    pool = ProcessPoolExecutor(n, ctx, _init_worker, init)
     try:
         futures = {pool.submit(_run, (i, fn, t.args)): i for i, t in enumerate(tasks)}
         for future in as_completed(futures):

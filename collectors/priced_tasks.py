@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from collectors.plan import load_registered_pair, pair_tree, profile_for, report_questions
-from collectors.pool import Task, run_tasks
+from collectors.pool import Task, pool_device, run_tasks
 from collectors.priced_eval import PricedCell, TargetMemo, priced_cell
 from collectors.records import runtime_for
 from collectors.report import ReportSpec
@@ -144,7 +144,7 @@ def priced_cells(
 
     results = run_tasks(
         priced_group, tasks, params.evaluate.workers, params.runtime.torch_threads, done,
-        params.runtime.keep_freed_memory,
+        params.runtime.keep_freed_memory, pool_device(params.pairs[p].device for p, _ in cells),
     )  # fmt: skip
     by_cell = {c: r for g, rs in zip(groups, results, strict=True) for c, r in zip(g, rs, strict=True)}
     return {c: by_cell[c] for c in cells}

@@ -39,7 +39,8 @@ verify, an AR burst) runs in every pass of the first repeat and in one pass of e
 zoo-l that halved a profile's time (37 s to 17 s a pass), its figures within the box's run-to-run
 spread of the same profile taken twice. Clock (`profile_clock`): on a CPU with one torch thread,
 the thread's CPU time (what the work costs, without the waits another process causes on a shared
-machine); otherwise decoder.timing.make_clock's wall clock (synced on CUDA).
+machine); on CUDA, CUDA events (decoder.timing.device_clock); otherwise decoder.timing.make_clock's
+wall clock.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ from decoder.config import TreeConfig
 from decoder.models import ModelPair
 from decoder.policies import BuildState, RuntimeContext, StepContext
 from decoder.tensors import causal_block, forward_block
-from decoder.timing import make_clock
+from decoder.timing import device_clock, make_clock
 from decoder.tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -276,9 +277,12 @@ def ar_burst(ref: Reference, token: int, done: int, n: int) -> int:
 def profile_clock(device: torch.device) -> tuple[Callable[[], float], str]:
     """This thread's CPU time on a CPU with one torch thread: all the work runs in this thread, so
     time the core spends on other processes is not counted (a shared machine's contention does not
-    move the profile). Otherwise the decoder's wall clock (synced on CUDA)."""
+    move the profile). On CUDA, CUDA events (decoder.timing.device_clock): the GPU's own timing of
+    the work between two readings. Otherwise the decoder's wall clock."""
     if device.type == "cpu" and torch.get_num_threads() == 1:
         return time.thread_time, "thread_cpu"
+    if device.type == "cuda":
+        return device_clock(device)
     return make_clock(device), "wall"
 
 

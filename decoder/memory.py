@@ -1,4 +1,6 @@
-"""Freed heap memory kept in the process (glibc malloc), so that decoding on a CPU does not page-fault.
+"""Freed heap memory kept in the process (glibc malloc), so that decoding on a CPU does not page-fault;
+and :func:`configure_process`, the one setup every decoding process runs (a stage, a pool or Ray
+worker, a benchmark).
 
 A decoding round allocates and frees tensors of many sizes: a tree's attention mask, the KV cache
 grown by a block, a block's logits. glibc hands large freed blocks back to the kernel (it unmaps
@@ -18,6 +20,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import platform
+
+import torch
+
+from decoder.devices import use_device
 
 # mallopt(3) parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -46,3 +52,15 @@ def keep_freed_memory(trim_bytes: int = TRIM_THRESHOLD, mmap_bytes: int = MMAP_T
     mallopt = ctypes.CDLL(name).mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_TRIM_THRESHOLD, trim_bytes)) and bool(mallopt(M_MMAP_THRESHOLD, mmap_bytes))
+
+
+def configure_process(threads: int, keep_freed: bool, device: str | None = None) -> bool:
+    """Set this process up for decoding, in this order: ``threads`` torch threads; glibc keeps freed
+    memory when ``keep_freed`` (:func:`keep_freed_memory` with its defaults); a ``cuda:i``
+    ``device`` becomes torch's current device (decoder.devices.use_device; None or a CPU changes
+    nothing). Returns whether freed memory is kept: False when not asked, or where the C library is
+    not glibc."""
+    torch.set_num_threads(threads)
+    kept = keep_freed and keep_freed_memory()
+    use_device(device)
+    return kept

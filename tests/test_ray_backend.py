@@ -1,9 +1,11 @@
 """The Ray backend of `collect` on a local two-node cluster: same files as the local backend, byte for
-byte; the cluster is joined through `collect.ray.address` or RAY_ADDRESS."""
+byte; the cluster is joined through `collect.ray.address` only (RAY_ADDRESS alone starts a local
+instance); pair actors of a bare `cuda` device take the driver's GPUs round-robin."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from conftest import save_pair, train_tokenizer
 from ray import cluster_utils
 
 from collectors import ray_backend
-from collectors.ray_backend import connect, read_folder, write_folder
+from collectors.ray_backend import connect, disconnect, read_folder, write_folder
 from collectors.report import write_report
 from config.params import RayParams, load_params
 from pipeline import collect
@@ -106,21 +108,44 @@ def test_ray_on_a_two_node_cluster_writes_the_local_backends_files(workspace, cl
     )
 
 
-def test_address_from_params_or_ray_address_joins_the_cluster(cluster, monkeypatch):
-    cfg = RayParams(address="", num_cpus=2, gpus_per_task=0.0)
-    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
-    assert connect(cfg)
+def test_only_the_param_joins_a_cluster(cluster, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # the param wins over the environment
+    assert connect(RayParams(address=cluster.address, num_cpus=2, gpus_per_task=0.0))
     try:
         assert ray.get_runtime_context().gcs_address == cluster.gcs_address
         assert ray.cluster_resources()["CPU"] == 2  # both nodes, not a fresh local instance
     finally:
         ray.shutdown()
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # the param wins over the environment
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # not joined without collect.ray.address
+    before = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    assert connect(RayParams(address="", num_cpus=1, gpus_per_task=0.0))
+    try:
+        assert ray.get_runtime_context().gcs_address != cluster.gcs_address
+        assert ray.cluster_resources()["CPU"] == 1
+        assert os.environ["RAY_AUTH_MODE"] == "token"  # a local instance keeps token auth
+    finally:
+        disconnect()
+    assert {k: os.environ.get(k) for k in before} == before  # the cluster's auth again, for a next join
     assert connect(RayParams(address=cluster.address, num_cpus=2, gpus_per_task=0.0))
     try:
-        assert ray.get_runtime_context().gcs_address == cluster.gcs_address
+        assert ray.get([ray.remote(lambda: 1).remote()]) == [1]  # its workers can call this driver
     finally:
-        ray.shutdown()
+        disconnect()
+
+
+def test_actors_of_cuda_pairs_take_the_drivers_gpus_round_robin(tmp_path, monkeypatch):
+    params = params_for(tmp_path, "unused")
+    pairs = {p: replace(spec, device="cuda") for p, spec in params.pairs.items()}
+    params = replace(params, pairs={**pairs, "cpu-pair": params.pairs["tiny"]})
+    ids, devices = ["tiny", "cpu-pair", "tiny-b"], ray_backend.actor_devices
+    monkeypatch.setattr(ray_backend, "cuda_device_count", lambda: 2)
+    assert devices(params, ids, 0.0) == {"tiny": "cuda:0", "cpu-pair": None, "tiny-b": "cuda:1"}
+    monkeypatch.setattr(ray_backend, "cuda_device_count", lambda: 1)
+    assert devices(params, ids, 0.0) == {"tiny": "cuda:0", "cpu-pair": None, "tiny-b": "cuda:0"}
+    assert devices(params, ids, 1.0) == dict.fromkeys(ids)  # Ray shows each actor only its own GPUs
+    monkeypatch.setattr(ray_backend, "cuda_device_count", lambda: 0)
+    with pytest.raises(ValueError, match="gpus_per_task"):
+        devices(params, ids, 0.0)
 
 
 def test_checkpoint_folders_travel_as_bytes(tmp_path):
