@@ -1,10 +1,29 @@
-"""The collectors' three tables, declared once. Units in names, keys end in _id, flags in is_."""
+"""The collectors' three tables, declared once. Units in names, keys end in _id, flags in is_.
+
+Each spec carries its value contract (features/contracts.py), derived from how collectors/records.py
+and collectors/report.py build the rows: per report, 2^D trajectories (one per schedule), 2^D x D
+action rows (one per schedule and step k = 1..D) and 2^D round rows per visited round start; a row's
+schedule id, step, flags and bit strings agree; costs, counts and latencies are non-negative.
+"""
 
 from __future__ import annotations
 
+import polars as pl
 import pyarrow as pa
 
-from decoder.state import state_feature_names
+from decoder.state import CONTEXT_NAMES, RECORDED_NAMES, state_feature_names
+from features.contracts import (
+    Contract,
+    GroupRule,
+    Rule,
+    bits_text,
+    constant_per,
+    elements_non_negative,
+    in_range,
+    non_negative,
+    positive,
+    rows_per,
+)
 from features.tables import TableSpec
 
 SCHEMA_VERSION = "v3"  # v2: per-prompt tokens and priced milliseconds (the bootstrap over prompts);
@@ -20,6 +39,89 @@ _OUTCOME = (
     ("round_latency_ms", pa.float64()),
     ("throughput_tok_per_s", pa.float64()),
 )
+
+COLLECT_MODES = ("replay", "execute")
+_REPORT = ("report_id",)
+_OUTCOME_RULES = (
+    *non_negative("mean_accepted_length", "throughput_tok_per_s"),
+    *positive("round_latency_ms"),
+)
+
+
+def bits_value(column: str, width: int) -> pl.Expr:
+    """The integer a '0'/'1' string spells, character j worth 2^j (decoder.policies.schedule_bits)."""
+    return pl.sum_horizontal(
+        (pl.col(column).str.slice(j, 1) == "1").cast(pl.Int64) * (2**j) for j in range(width)
+    )
+
+
+def pow2(exponent: pl.Expr) -> pl.Expr:
+    return (2.0 ** exponent.cast(pl.Float64)).cast(pl.Int64)
+
+
+def popcount(column: str, width: int) -> pl.Expr:
+    return pl.sum_horizontal((pl.col(column).cast(pl.Int64) // (2**j)) % 2 for j in range(width))
+
+
+def _trajectory_contract() -> Contract:
+    length = pl.col("schedule").str.len_chars()
+    return Contract(
+        key=("report_id", "schedule_id"),
+        non_finite=frozenset({"measured_round_latency_ms", "measured_throughput_tok_per_s"}),
+        rules=(
+            bits_text("schedule", length),
+            Rule("schedule", f"1 to {MAX_DEPTH} steps", length.is_between(1, MAX_DEPTH)),
+            Rule(
+                "schedule_id",
+                "the schedule's bits",
+                pl.col("schedule_id") == bits_value("schedule", MAX_DEPTH),
+            ),
+            Rule("mode", f"one of {COLLECT_MODES}", pl.col("mode").is_in(COLLECT_MODES)),
+            *positive("n_prompts", "n_rounds"),
+            *non_negative("n_tokens", "tokens_per_round", "n_small_steps", "n_mid_calls", "mid_tokens"),
+            *non_negative("mid_catch_up_tokens", "verified_nodes"),
+            *non_negative("measured_round_latency_ms", "measured_throughput_tok_per_s"),
+            *_OUTCOME_RULES,
+            *elements_non_negative("mid_call_tokens", "verified_nodes_per_round", "prompt_n_tokens"),
+            *elements_non_negative("prompt_latency_ms"),
+            Rule(
+                "mid_call_tokens",
+                "one entry per mid call",
+                pl.col("mid_call_tokens").list.len() == pl.col("n_mid_calls"),
+            ),
+            Rule(
+                "mid_call_tokens",
+                "sums to mid_tokens",
+                pl.col("mid_call_tokens").list.sum() == pl.col("mid_tokens"),
+            ),
+            Rule(
+                "verified_nodes_per_round",
+                "one entry per round, summing to verified_nodes",
+                (pl.col("verified_nodes_per_round").list.len() == pl.col("n_rounds"))
+                & (pl.col("verified_nodes_per_round").list.sum() == pl.col("verified_nodes")),
+            ),
+            Rule(
+                "prompt_n_tokens",
+                "one entry per prompt",
+                pl.col("prompt_n_tokens").list.len() == pl.col("n_prompts"),
+            ),
+            Rule(
+                "prompt_latency_ms",
+                "one entry per prompt",
+                pl.col("prompt_latency_ms").list.len() == pl.col("n_prompts"),
+            ),
+        ),
+        groups=(
+            GroupRule(
+                _REPORT,
+                "schedule",
+                "2^D schedules per report (D = the schedule's length)",
+                (pl.len() == pow2(length.first())) & (length.n_unique() == 1),
+            ),
+            *constant_per(_REPORT, ("pair_id", "dataset_id", "mode", "profile_id", "n_prompts")),
+        ),
+    )
+
 
 TRAJECTORIES = TableSpec(
     "trajectories",
@@ -47,7 +149,61 @@ TRAJECTORIES = TableSpec(
         ("measured_round_latency_ms", pa.float64()),
         ("measured_throughput_tok_per_s", pa.float64()),
     ),
+    _trajectory_contract(),
 )
+
+
+def schedule_step_rules(depth: int) -> tuple[Rule, ...]:
+    """Rows keyed by (schedule_id, step): the id is in 0..2^D-1, k in 1..D, and the prefix (steps
+    before k), the action (step k) and the suffix (steps after k) are the id's bits."""
+    sid, step = pl.col("schedule_id").cast(pl.Int64), pl.col("step").cast(pl.Int64)
+    return (
+        in_range("schedule_id", 0, 2**depth - 1),
+        in_range("step", 1, depth),
+        bits_text("prefix", step - 1),
+        bits_text("suffix", depth - step),
+        Rule("prefix", "schedule_id's bits before step", bits_value("prefix", depth) == sid % pow2(step - 1)),
+        Rule(
+            "is_invoke",
+            "schedule_id's bit at step",
+            pl.col("is_invoke") == ((sid // pow2(step - 1)) % 2 == 1),
+        ),
+        Rule("suffix", "schedule_id's bits after step", bits_value("suffix", depth) == sid // pow2(step)),
+    )
+
+
+def _step_frac(depth: int) -> pl.Expr:
+    # k / D as Python computes it: polars divides by a constant as a product with its reciprocal
+    exact = {k: k / depth for k in range(1, depth + 1)}
+    return pl.col("step").cast(pl.Int64).replace_strict(exact, default=None, return_dtype=pl.Float64)
+
+
+def state_feature_rules(depth: int) -> tuple[Rule, ...]:
+    """Ranges of z's features (decoder/state.py) that hold for one action row and for any mean of
+    rows of one state: history is a function of (step, prefix), so it is exact, not a range (an
+    action row's k / D is already a mean over rounds: it may round, by 1e-12 at most)."""
+    prefix = pl.col("prefix")
+    called = tuple(
+        Rule(
+            f"called_step_{j}",
+            "1.0 if the prefix calls mid at step j, else 0.0",
+            pl.col(f"called_step_{j}") == (prefix.str.slice(j - 1, 1) == "1").cast(pl.Float64),
+        )
+        for j in range(1, depth)
+    )
+    return (
+        *non_negative("log_prompt_tokens", "target_ms", "mid_ms", "log_mid_lag", "frontier_size"),
+        *non_negative("preview_collapse_debt"),
+        *(in_range(n, 0, 1) for n in ("ngram_match_frac", "frontier_leaf_ratio", "preview_overlap_ratio")),
+        in_range("preview_history_share", 0, 1),
+        Rule("step_frac", "step / D", (pl.col("step_frac") - _step_frac(depth)).abs() <= 1e-12),
+        *called,
+        Rule(
+            "log_mid_lag",
+            "0 after a mid call (it caught the lag up)",
+            ~prefix.str.contains("1") | (pl.col("log_mid_lag") == 0),
+        ),
+    )
 
 
 def actions_spec(depth: int) -> TableSpec:
@@ -64,6 +220,15 @@ def actions_spec(depth: int) -> TableSpec:
             ("suffix", pa.string()),
             *((n, pa.float64()) for n in state_feature_names(depth)),
             *_OUTCOME,
+        ),
+        Contract(
+            key=("report_id", "schedule_id", "step"),
+            rules=(*schedule_step_rules(depth), *state_feature_rules(depth), *_OUTCOME_RULES),
+            groups=(
+                rows_per(_REPORT, 2**depth * depth, f"2^D x D = {2**depth * depth}"),
+                *constant_per(("report_id", "schedule_id"), [n for n, _ in _OUTCOME]),
+                *constant_per(_REPORT, ("pair_id", "dataset_id", *CONTEXT_NAMES)),
+            ),
         ),
     )
 
@@ -100,5 +265,49 @@ def rounds_spec(depth: int) -> TableSpec:
             ("throughput_tok_per_s", pa.float64()),
             ("is_round_best", pa.bool_()),
             ("signals", pa.list_(pa.float32())),
+        ),
+        _rounds_contract(depth),
+    )
+
+
+def _rounds_contract(depth: int) -> Contract:
+    start = ("report_id", "prompt_id", "start_position")
+    calls = pl.col("mid_call_tokens").list.len()
+    return Contract(
+        key=(*start, "schedule_id"),
+        rules=(
+            in_range("schedule_id", 0, 2**depth - 1),
+            *non_negative("prompt_id", "prompt_tokens", "start_position", "mid_lag", "accepted"),
+            *non_negative("verified_nodes", "prompt_blocks", "decision_ms", "decision_cold_ms"),
+            *positive("round_latency_ms"),
+            *elements_non_negative("mid_call_tokens"),
+            Rule(
+                "mid_call_tokens",
+                "one entry per mid call of the schedule",
+                calls == popcount("schedule_id", depth),
+            ),
+            Rule("n_small_steps", "D minus the mid calls", pl.col("n_small_steps") == depth - calls),
+            Rule(
+                "throughput_tok_per_s",
+                "1e3 x (accepted + 1) / round_latency_ms",
+                pl.col("throughput_tok_per_s")
+                == 1e3 * (pl.col("accepted").cast(pl.Float64) + 1) / pl.col("round_latency_ms"),
+            ),
+            Rule(
+                "signals",
+                f"D x {len(RECORDED_NAMES)} values",
+                pl.col("signals").list.len() == depth * len(RECORDED_NAMES),
+            ),
+        ),
+        groups=(
+            rows_per(start, 2**depth, f"2^D = {2**depth}"),
+            GroupRule(
+                start,
+                "is_round_best",
+                "exactly one best schedule per round start",
+                pl.col("is_round_best").sum() == 1,
+            ),
+            *constant_per(start, ("prompt_tokens", "mid_lag")),
+            *constant_per(_REPORT, ("pair_id", "dataset_id", "decision_ms", "decision_cold_ms")),
         ),
     )

@@ -10,12 +10,19 @@ depth is a parent, every one of the m candidates at the next depth a child. ``is
 label: the parent lies on the target's accepted path and the child is the target's greedy next
 token after it. ``target_logit`` is the target's logit of the child after the parent, for accepted
 parents only (null elsewhere): a (round, depth) group of those rows is the sibling set of L_KL.
+
+Value contracts (features/contracts.py), from collectors/edges.py: token ids and indices are
+non-negative, log-probabilities finite and <= 0, a round's candidate lists hold K x m entries and
+its accepted length is at most K; an edge's target logit is present exactly for accepted parents,
+and only an accepted parent has a target child.
 """
 
 from __future__ import annotations
 
+import polars as pl
 import pyarrow as pa
 
+from features.contracts import Contract, Rule, constant_per, non_negative, positive
 from features.tables import TableSpec
 
 EDGES_VERSION = "v1"
@@ -41,6 +48,27 @@ EDGE_ROUNDS = TableSpec(
         ("cand_logps", pa.list_(pa.float64())),
         ("greedy_ids", pa.list_(pa.int32())),
     ),
+    Contract(
+        key=tuple(n for n, _ in _KEYS),
+        rules=(
+            *non_negative("prompt_id", "round_id", "root_token", "start_position", "accepted"),
+            *positive("k", "m"),
+            Rule("accepted", "<= k", pl.col("accepted") <= pl.col("k")),
+            Rule(
+                "cand_ids",
+                "k x m ids, each >= 0",
+                (pl.col("cand_ids").list.len() == pl.col("k").cast(pl.Int64) * pl.col("m"))
+                & (pl.col("cand_ids").list.min().fill_null(0) >= 0),
+            ),
+            Rule(
+                "cand_logps",
+                "k x m log-probs, each <= 0",
+                (pl.col("cand_logps").list.len() == pl.col("k").cast(pl.Int64) * pl.col("m"))
+                & (pl.col("cand_logps").list.max().fill_null(0) <= 0),
+            ),
+            Rule("greedy_ids", "ids >= 0", pl.col("greedy_ids").list.min().fill_null(0) >= 0),
+        ),
+    ),
 )
 
 EDGES = TableSpec(
@@ -58,5 +86,29 @@ EDGES = TableSpec(
         ("is_accepted_parent", pa.bool_()),
         ("is_target", pa.bool_()),
         ("target_logit", pa.float64()),
+    ),
+    Contract(
+        key=(*(n for n, _ in _KEYS), "parent_node", "child_rank"),
+        nullable=frozenset({"target_logit"}),
+        rules=(
+            *positive("depth"),
+            *non_negative(
+                "prompt_id", "round_id", "parent_node", "parent_token", "child_token", "child_rank"
+            ),
+            Rule("logq", "<= 0", pl.col("logq") <= 0),
+            Rule(
+                "target_logit",
+                "present exactly for accepted parents",
+                pl.col("target_logit").is_not_null() == pl.col("is_accepted_parent"),
+            ),
+            Rule(
+                "is_target",
+                "only under an accepted parent",
+                ~pl.col("is_target") | pl.col("is_accepted_parent"),
+            ),
+        ),
+        groups=constant_per(
+            (*(n for n, _ in _KEYS), "parent_node"), ("depth", "parent_token", "is_accepted_parent")
+        ),
     ),
 )

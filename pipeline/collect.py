@@ -4,6 +4,7 @@ Writes ``collect.out_dir/reports/<report_id>/`` (atomic per report, with its res
 manifest; a rerun reuses a finished report only if everything that shapes it is unchanged, and
 recollects a mismatched or corrupt one with a warning naming the file), then the merged
 ``trajectories.parquet``, ``actions.parquet``, ``rounds.parquet`` (reports in plan order),
+``tables.json`` (their sha256, which every later read verifies: features/tables.py),
 ``summary.md`` (best schedule per report vs All-Small and All-Mid) and ``metrics.json``. The local
 backend collects in ``collect.workers`` processes (collectors/pool.py), each report written by the
 worker that collected it; the tables are byte for byte those of one process.
@@ -20,7 +21,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from collectors.plan import plan_reports, run_report
-from collectors.pool import Task, run_tasks
+from collectors.pool import Task, pool_device, run_tasks
 from collectors.report import (
     ReportSpec,
     completed_reports,
@@ -30,7 +31,7 @@ from collectors.report import (
 )
 from collectors.summary import summarise
 from config.params import Params, resolve
-from features.tables import write_table
+from features.tables import write_tables
 from pipeline.cli import run_stage
 from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_metrics, stage_run
@@ -84,7 +85,7 @@ def run_local(
     with tqdm(total=len(tasks), desc="reports", unit="report") as bar:
         run_tasks(
             run_report, tasks, workers, params.runtime.torch_threads, lambda t, r: bar.update(),
-            params.runtime.keep_freed_memory,
+            params.runtime.keep_freed_memory, pool_device(params.pairs[s.pair_id].device for s in todo),
         )  # fmt: skip
 
 
@@ -94,13 +95,13 @@ def merge_reports(
     """Concatenate the planned reports' tables (in plan order) into the stage's merged tables.
 
     Every report is checked against its inputs again (a ReportError names the file), so a folder
-    that changed under the run never slips in.
+    that changed under the run never slips in; the merged tables are checked against their value
+    contracts as they are written, and their digests recorded in ``tables.json``.
     """
     reports = [read_report(reports_dir / report_id, depth, i) for report_id, i in inputs.items()]
-    merged = {}
-    for name, spec in specs_for(depth).items():
-        merged[name] = pa.concat_tables([getattr(r, name) for r in reports])
-        write_table(out / f"{name}.parquet", spec, merged[name])
+    specs = specs_for(depth)
+    merged = {name: pa.concat_tables([getattr(r, name) for r in reports]) for name in specs}
+    write_tables(out, {name: (spec, merged[name]) for name, spec in specs.items()})
     return merged
 
 
