@@ -64,11 +64,7 @@ class SweepReplayer(Replayer):
         tree, b_max = b.state.tree, self.config.tree.budget
         path = accepted_along(tree, text, start)
         sweep = budget_sweep(tree, path, b_max)
-        fed = -1
-        if b.calls:
-            fed = 0
-            while fed < len(path) and path[fed] in b.mid.scores.row:
-                fed += 1
+        fed = b.mid_fed(path)
         cfg = self.config.tree
         frontier = small_frontier(tree, b.bits, cfg.width, cfg.sequential)
         small = len(b.bits) - sum(b.bits)

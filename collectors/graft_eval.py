@@ -185,6 +185,7 @@ class BudgetWalker:
         self.sequence = list(prompt) + list(tokens)
         self.proposals = {} if proposals is None else proposals
         self._sweeps: dict[int, StartSweep] = {}
+        self._fixed: dict[int, list[Round]] = {}  # budget -> its walk, taken once for every caller
 
     @property
     def tokens(self) -> list[int]:
@@ -226,7 +227,10 @@ class BudgetWalker:
         return rounds
 
     def fixed(self, budget: int) -> list[Round]:
-        return self.walk(lambda sw, prev: budget)
+        """The rounds of greedy DDTree decoding at ``budget`` (walked once; callers share the list)."""
+        if budget not in self._fixed:
+            self._fixed[budget] = self.walk(lambda sw, prev: budget)
+        return self._fixed[budget]
 
     def every_budget(self) -> Walk:
         """The round sequences of greedy DDTree decoding at every B in 1..b_max."""

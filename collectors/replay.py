@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from transformers import DynamicCache
@@ -374,11 +375,7 @@ class Replayer:
     def finish(self, b: Branch, text: list[int], start: int) -> BranchOutcome:
         pruned = b.state.tree.prune(verify_budget(b.state.tree, self.config.tree))
         accepted = [int(pruned.source[a]) for a in accepted_along(pruned.tree, text, start)]
-        fed = -1
-        if b.calls:
-            fed = 0
-            while fed < len(accepted) and accepted[fed] in b.mid.scores.row:
-                fed += 1
+        fed = b.mid_fed(accepted)
         cfg = self.config.tree
         frontier = small_frontier(b.state.tree, b.bits, cfg.width, cfg.sequential)
         return BranchOutcome(
@@ -402,6 +399,16 @@ class Branch:
     calls: tuple[int, ...]  # tree nodes forwarded per mid call so far
     signals: tuple[tuple[float, ...], ...]
     blocks: frozenset[int] = frozenset()  # blocks of the prompt's rows its small steps read so far
+
+    def mid_fed(self, accepted: Sequence[int]) -> int:
+        """How many leading ``accepted`` tree nodes the mid drafter fed (it keeps their KV); -1
+        when it was not called this round."""
+        if not self.calls:
+            return -1
+        fed = 0
+        while fed < len(accepted) and accepted[fed] in self.mid.scores.row:
+            fed += 1
+        return fed
 
 
 @dataclass

@@ -30,6 +30,7 @@ from collectors.records import ReportKey, RoundRecord, bits_text, runtime_for, t
 from collectors.replay import BranchOutcome, PromptReplay, Replayer
 from decoder.config import DecodeConfig
 from decoder.files import fsync_dir
+from decoder.json_manifest import read_json_object
 from decoder.models import ModelPair
 from decoder.policies import schedule_bits
 from features.collect_schemas import MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
@@ -270,12 +271,7 @@ def _manifest(folder: Path) -> dict:
     path = folder / MANIFEST
     if not path.is_file():
         raise ReportError(f"{path}: no manifest (the report folder is incomplete)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ReportError(f"{path}: not valid JSON ({err})") from err
-    if not isinstance(manifest, dict):
-        raise ReportError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    manifest = read_json_object(path, ReportError)
     want = {"key": str, "inputs": dict, "files": dict}
     bad = [k for k, t in want.items() if not isinstance(manifest.get(k), t)]
     if bad:

@@ -30,6 +30,7 @@ from transformers import PreTrainedModel
 
 from decoder.block import Marginals
 from decoder.files import replace_atomically
+from decoder.json_manifest import canonical_digest, check_field_names, read_json_object
 
 SCHEMA_VERSION = "treegraft-block-drafter/1"
 CONFIG_NAME = "block_drafter.json"
@@ -194,8 +195,7 @@ def _sha256(data: bytes) -> str:
 
 
 def _config_digest(fields: dict[str, Any]) -> str:
-    body = {k: v for k, v in fields.items() if k != "config_sha256"}
-    return _sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    return canonical_digest(fields, "config_sha256")
 
 
 def save_block_drafter(net: BlockDrafterNet, folder: Path | str, extra: dict[str, Any] | None = None) -> Path:
@@ -219,18 +219,9 @@ def save_block_drafter(net: BlockDrafterNet, folder: Path | str, extra: dict[str
 
 
 def _read_config(path: Path) -> tuple[BlockDrafterConfig, dict[str, Any]]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BlockDrafterError(f"{path}: not a JSON config ({err})") from None
-    if not isinstance(raw, dict):
-        raise BlockDrafterError(f"{path}: expected a JSON object")
+    raw = read_json_object(path, BlockDrafterError)
     names = [f.name for f in dataclasses.fields(BlockDrafterConfig)]
-    expected = {*names, *WRITER_FIELDS, "extra"}
-    missing, unknown = sorted(expected - set(raw)), sorted(set(raw) - expected)
-    if missing or unknown:
-        key = (missing or unknown)[0]
-        raise BlockDrafterError(f"{path}: field {key!r} is {'missing' if missing else 'unknown'}")
+    check_field_names(raw, {*names, *WRITER_FIELDS, "extra"}, path, BlockDrafterError)
     if not isinstance(raw["extra"], dict):
         raise BlockDrafterError(f"{path}: field 'extra' must be a JSON object, got {raw['extra']!r}")
     if raw["schema_version"] != SCHEMA_VERSION:

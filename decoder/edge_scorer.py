@@ -39,6 +39,7 @@ from safetensors.numpy import load, save
 
 from decoder.ddtree import EdgeGrid
 from decoder.files import replace_atomically
+from decoder.json_manifest import canonical_digest, check_field_names, read_json_object
 
 SCHEMA_VERSION = "treegraft-edge-scorer/1"
 MANIFEST_NAME = "edge_scorer.json"
@@ -77,8 +78,7 @@ FIELDS = {
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return canonical_digest(manifest, "manifest_sha256")
 
 
 @dataclass(frozen=True)
@@ -152,11 +152,8 @@ def save_edge_scorer(folder: Path | str, scorer: EdgeScorer, pair_id: str, draft
 def _check_manifest(manifest: Any, where: Path) -> None:
     if not isinstance(manifest, dict):
         raise EdgeScorerError(f"{where}: expected a JSON object")
-    for name in sorted(set(FIELDS) | set(manifest)):
-        if name not in FIELDS:
-            raise EdgeScorerError(f"{where}: field {name!r} is unknown")
-        if name not in manifest:
-            raise EdgeScorerError(f"{where}: field {name!r} is missing")
+    check_field_names(manifest, FIELDS, where, EdgeScorerError)
+    for name in sorted(FIELDS):
         if not FIELDS[name](manifest[name]):
             raise EdgeScorerError(f"{where}: field {name!r} has a bad value {manifest[name]!r}")
     if manifest["manifest_sha256"] != manifest_digest(manifest):
@@ -188,10 +185,7 @@ def load_edge_scorer(
             raise EdgeScorerError(
                 f"{path}: missing (an edge scorer holds {MANIFEST_NAME} and {WEIGHTS_NAME})"
             )
-    try:
-        manifest = json.loads(meta.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EdgeScorerError(f"{meta}: not JSON ({err})") from None
+    manifest = read_json_object(meta, EdgeScorerError)
     _check_manifest(manifest, meta)
     blob = weights.read_bytes()
     if hashlib.sha256(blob).hexdigest() != manifest["weights_sha256"]:

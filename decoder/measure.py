@@ -3,6 +3,12 @@
 Every policy decodes the same prompts in an interleaved order (prompt-major, so slow drift of a
 noisy machine hits all methods alike) after the same warm-up; speedups are ratios of tokens/s
 measured in this one run. Greedy outputs are checked token-identical to autoregressive decoding.
+
+Repeats (:class:`Repeats`): each prompt is decoded by every method once; then, as often as its
+first autoregressive run's wall time asks (until AR's runs of the prompt add up to ``min_ar_s``,
+at most ``most`` runs), every method runs it again in the same order. Each method keeps its run of
+median wall time, so one slow moment of a shared machine moves no row. The default, :data:`ONCE`,
+times every prompt once.
 """
 
 from __future__ import annotations
@@ -127,14 +133,19 @@ def run_side_by_side(
         warm = replace(configs[m.name], max_new_tokens=min(warmup_tokens, config.max_new_tokens))
         generate(pair, prompts[0], m.policy, warm, runtimes[0], timing)
     results: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}
+
+    def one_pass(
+        prompt: list[int], rt: RuntimeContext | None, runs: dict[str, list[GenerationResult]]
+    ) -> None:
+        """Every method on the prompt once, AR first, each run added to its method's runs."""
+        for m in methods:
+            runs[m.name].append(generate(pair, prompt, m.policy, configs[m.name], rt, timing))
+
     for prompt, rt in zip(prompts, runtimes, strict=True):
         runs: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}
-        n = 1
-        while len(runs[AR]) < n:
-            for m in methods:
-                runs[m.name].append(generate(pair, prompt, m.policy, configs[m.name], rt, timing))
-            if len(runs[AR]) == 1:
-                n = repeats.count(runs[AR][0].wall_s)
+        one_pass(prompt, rt, runs)
+        for _ in range(repeats.count(runs[AR][0].wall_s) - 1):
+            one_pass(prompt, rt, runs)
         for name, mine in runs.items():
             results[name].append(median_run(mine))
     return results

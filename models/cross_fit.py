@@ -8,7 +8,7 @@ other rows with their own fold ids (round-level states, or both sets stacked). W
 ``nested_threshold``, fold f's threshold comes from inner out-of-fold scores on its training part
 (each other fold g scored by a model trained without f and g) through ``choose(scores, train,
 models)`` (e.g. models.offline.choose_threshold_walked on the training reports; ``models``, the
-inner models by g, let a rule score other rows of fold g, as pipeline.distill's round-walk rule
+inner models by g, let a rule score other rows of fold g, as models.thresholds.round_chooser
 does); otherwise the threshold is 0 (the paper's rule). Nothing of fold f is used for its scores
 or its threshold.
 """

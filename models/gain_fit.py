@@ -5,7 +5,9 @@ features decoder/block_budget.NODE_FEATURES, label 1 when the node is on the tar
 fitted (weights, bias) give P(node accepted) = sigmoid(weights . x + bias), from which the rule of
 decoder/block_budget.py derives each round's whole gain curve. Features are standardised for the
 solve and the coefficients mapped back, so the penalty ``l2`` (on standardised weights, not the
-bias) does not depend on feature scales. Deterministic: no sampling, no seed.
+bias) does not depend on feature scales. Deterministic: no sampling, no seed. One class only
+(no node ever, or always, accepted) has no finite fit: it gets zero weights and the smoothed
+constant rate (Jeffreys' (k + 1/2) / (n + 1)) as bias.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ def fit_logistic(
         raise ValueError(f"need features (n, f) and labels (n,), got {x.shape} and {y.shape}")
     if not np.all(np.isfinite(x)) or not np.all((y == 0) | (y == 1)):
         raise ValueError("features must be finite and labels 0 or 1")
-    if y.min() == y.max():
-        raise ValueError(f"every label is {int(y[0])}: acceptance cannot be fitted from one class")
     if l2 < 0:
         raise ValueError(f"l2 must be >= 0, got {l2}")
+    if y.min() == y.max():
+        # One class (a drafter that never, or always, lands: tiny smoke models): the likelihood
+        # has no finite optimum, so the rule falls back to the smoothed constant rate (k + 1/2)/(n + 1).
+        k = float(y.sum())
+        return np.zeros(x.shape[1]), float(np.log((k + 0.5) / (len(y) - k + 0.5)))
     mu, sd = x.mean(0), x.std(0)
     sd = np.where(sd > 0, sd, 1.0)
     z = np.hstack([(x - mu) / sd, np.ones((len(x), 1))])

@@ -28,8 +28,8 @@ from features.collect_schemas import TRAJECTORIES
 from features.datasets import state_matrix
 from features.schemas import margins_spec, states_spec
 from features.tables import read_table
+from models.gate import Gate, backoff_key, parse_backoff_key
 from pipeline.cli import stage_params
-from pipeline.distill import Gate, backoff_key, parse_backoff_key
 
 STAGES = ("canonicalize", "select_signals", "fit_value", "margins", "distill", "export")
 PLANTED = "tree_size"  # carries the reports' hidden mid-drafter quality (tests/synthetic_collect.py)

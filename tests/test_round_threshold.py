@@ -7,7 +7,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.distill import RoundSet, round_chooser
+from models.round_walks import RoundSet
+from models.thresholds import round_chooser
 
 N_FOLDS, STARTS = 4, 24
 

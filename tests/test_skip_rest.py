@@ -29,7 +29,8 @@ from decoder.models import make_pair
 from decoder.policies import RuntimeContext, StepContext, schedule_bits
 from decoder.scheduler import load_scheduler
 from features.round_states import fixed_schedule_pct, fixed_schedules_pct_by_report, priced_walk_pct
-from pipeline import distill
+from models import gate as gate_rules
+from models.round_walks import RoundSet
 
 RUNTIME = RuntimeContext(prompt_tokens=20, target_ms=2.0, mid_ms=1.0)
 
@@ -254,18 +255,20 @@ def test_every_fixed_schedule_in_one_group_by_matches_sums_written_out() -> None
 
 def _fake_walks(monkeypatch, by_gate: dict) -> None:
     """choose_skip_rest's walks replaced by per-report % given here (gate -> list over reports)."""
-    monkeypatch.setattr(distill, "_gap_quantiles", lambda states: sorted(g for g in by_gate if g is not None))
+    monkeypatch.setattr(
+        gate_rules, "_gap_quantiles", lambda states: sorted(g for g in by_gate if g is not None)
+    )
 
     def walk(outcomes, states, depth, gate):
         pct = by_gate[gate]
         return pl.DataFrame({"report_id": [f"r{i:02d}" for i in range(len(pct))], "pct": pct})
 
-    monkeypatch.setattr(distill, "priced_walk_pct_by_report", walk)
+    monkeypatch.setattr(gate_rules, "priced_walk_pct_by_report", walk)
 
 
-def _round_set(outcomes: pl.DataFrame) -> distill.RoundSet:
+def _round_set(outcomes: pl.DataFrame) -> RoundSet:
     """A RoundSet holding only ``outcomes``: all the gate and backoff choices read of it."""
-    return distill.RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), outcomes)
+    return RoundSet(pl.DataFrame(), np.zeros(0), np.zeros(0), outcomes)
 
 
 def _choose(target_ms: list[float] | None = None):
@@ -273,7 +276,7 @@ def _choose(target_ms: list[float] | None = None):
     n = len(target_ms) if target_ms is not None else 30
     costs = target_ms if target_ms is not None else [2.0] * n
     states = pl.DataFrame({"report_id": [f"r{i:02d}" for i in range(n)], "target_ms": costs})
-    return distill.choose_skip_rest(states, _round_set(pl.DataFrame()), 3)
+    return gate_rules.choose_skip_rest(states, _round_set(pl.DataFrame()), 3)
 
 
 def test_a_gate_within_noise_of_deciding_every_step_is_taken(monkeypatch) -> None:
@@ -285,7 +288,7 @@ def test_a_gate_within_noise_of_deciding_every_step_is_taken(monkeypatch) -> Non
     _fake_walks(monkeypatch, {None: none.tolist(), 4.0: gate.tolist()})
     g, walks, noise = _choose()
     assert walks["none"] > walks["4.0000"]  # the old rule (the best mean) took no gate
-    assert g == distill.Gate(4.0)
+    assert g == gate_rules.Gate(4.0)
     assert noise["none_lead"] == pytest.approx(0.05) and noise["none_lead_se"] > 0.05
     assert noise["reports"] == 30
 
@@ -295,7 +298,7 @@ def test_deciding_every_step_wins_when_it_leads_on_every_report(monkeypatch) -> 
     none = [v + 1.0 + 0.01 * (i % 3) for i, v in enumerate(gate)]  # +1 point everywhere, little spread
     _fake_walks(monkeypatch, {None: none, 2.0: [v - 5 for v in gate], 4.0: gate})
     g, _, noise = _choose([2.0] * 10)
-    assert g == distill.Gate() and g.below is None
+    assert g == gate_rules.Gate() and g.below is None
     assert noise["none_lead"] == pytest.approx(1.01, abs=0.01)  # against the better gate, g = 4
 
 
@@ -303,9 +306,9 @@ def test_among_gates_the_best_mean_wins_and_ties_go_to_the_larger_gap(monkeypatc
     base = [60.0, 70.0, 80.0]
     behind = [v - 1 for v in base]
     _fake_walks(monkeypatch, {None: behind, 1.0: base, 3.0: base, 0.5: [v - 0.5 for v in base]})
-    assert _choose([2.0] * 3)[0] == distill.Gate(3.0)
+    assert _choose([2.0] * 3)[0] == gate_rules.Gate(3.0)
     _fake_walks(monkeypatch, {None: behind, 1.0: [v + 0.2 for v in base], 3.0: base})
-    assert _choose([2.0] * 3)[0] == distill.Gate(1.0)
+    assert _choose([2.0] * 3)[0] == gate_rules.Gate(1.0)
 
 
 def test_the_gate_is_limited_to_the_pairs_where_it_pays(monkeypatch) -> None:
@@ -319,7 +322,7 @@ def test_the_gate_is_limited_to_the_pairs_where_it_pays(monkeypatch) -> None:
     assert walks["2.0000"] < walks["none"]  # the gate everywhere: 5 up, 8 down
     # candidate caps: the geometric midpoints 2 and sqrt(160) (then no cap); equal walks: the smaller
     assert walks["2.0000_upto_2.000ms"] == pytest.approx(walks["2.0000_upto_12.649ms"])
-    assert g == distill.Gate(2.0, 2.0) and g.key == "2.0000_upto_2.000ms"
+    assert g == gate_rules.Gate(2.0, 2.0) and g.key == "2.0000_upto_2.000ms"
     assert walks[g.key] == pytest.approx(walks["none"] + 5 / 3)
     assert noise["none_lead"] == pytest.approx(-5 / 3) and noise["reports"] == 30
 
@@ -328,19 +331,19 @@ def test_a_report_with_two_costs_is_refused(monkeypatch) -> None:
     _fake_walks(monkeypatch, {None: [70.0, 71.0], 2.0: [72.0, 73.0]})
     states = pl.DataFrame({"report_id": ["r00", "r00", "r01"], "target_ms": [1.0, 2.0, 3.0]})
     with pytest.raises(ValueError, match="more than one target_ms"):
-        distill.choose_skip_rest(states, _round_set(pl.DataFrame()), 3)
+        gate_rules.choose_skip_rest(states, _round_set(pl.DataFrame()), 3)
 
 
 def test_the_gate_walks_are_the_priced_walks_per_report() -> None:
     out, st = _tables(random.Random(7))
-    g, walks, noise = distill.choose_skip_rest(st, _round_set(out), 3)
+    g, walks, noise = gate_rules.choose_skip_rest(st, _round_set(out), 3)
     assert walks["none"] == pytest.approx(_by_hand(out, st, 3, None))
-    gates = distill._gap_quantiles(st)
+    gates = gate_rules._gap_quantiles(st)
     cap = (1.5 * 40.0) ** 0.5  # between the two reports' costs
     assert len(walks) == 1 + 2 * len(gates) and len(gates) > 1
     for gap in gates:
         assert walks[f"{gap:.4f}"] == pytest.approx(_by_hand(out, st, 3, gap))
-        assert walks[distill.Gate(gap, cap).key] == pytest.approx(_by_hand(out, st, 3, gap, cap))
+        assert walks[gate_rules.Gate(gap, cap).key] == pytest.approx(_by_hand(out, st, 3, gap, cap))
     assert noise["reports"] == 2
     assert g.key in walks
 
@@ -348,12 +351,12 @@ def test_the_gate_walks_are_the_priced_walks_per_report() -> None:
 def test_a_gate_states_its_manifest_fields_and_rule_and_refuses_bad_values() -> None:
     """What export writes for each gate: nothing without one; g alone; g with its target_ms cap.
     The decoder reads these names (decoder.scheduler.LearnedScheduler)."""
-    assert distill.Gate().manifest_fields() == {} and distill.Gate().rule_text() == ""
-    assert distill.Gate(0.5).manifest_fields() == {"skip_rest_below": 0.5}
-    capped = distill.Gate(0.5, 8.0)
+    assert gate_rules.Gate().manifest_fields() == {} and gate_rules.Gate().rule_text() == ""
+    assert gate_rules.Gate(0.5).manifest_fields() == {"skip_rest_below": 0.5}
+    capped = gate_rules.Gate(0.5, 8.0)
     assert capped.manifest_fields() == {"skip_rest_below": 0.5, "skip_rest_max_target_ms": 8.0}
     assert "skip_rest_below" in capped.rule_text() and "skip_rest_max_target_ms" in capped.rule_text()
-    assert "skip_rest_max_target_ms" not in distill.Gate(0.5).rule_text()
+    assert "skip_rest_max_target_ms" not in gate_rules.Gate(0.5).rule_text()
     bad_gates = (
         {"max_target_ms": 8.0},
         {"below": -1.0},
@@ -362,4 +365,4 @@ def test_a_gate_states_its_manifest_fields_and_rule_and_refuses_bad_values() -> 
     )
     for bad in bad_gates:
         with pytest.raises(ValueError, match="gate"):
-            distill.Gate(**bad)
+            gate_rules.Gate(**bad)

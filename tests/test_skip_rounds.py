@@ -32,7 +32,7 @@ from decoder.models import make_pair
 from decoder.policies import RoundBackoff, schedule_bits, start_generation
 from decoder.scheduler import LearnedScheduler, load_scheduler
 from features.round_states import backoff_walk_pct, priced_walk_pct
-from pipeline import distill
+from models import gate as gate_rules
 
 LOW, HIGH = -5.0, 5.0  # scores far below / above the threshold 0.5
 NEAR = 0.2  # below the threshold 0.5, but within a margin of 1
@@ -258,13 +258,15 @@ def test_a_backoff_walk_that_cannot_tell_two_caps_apart_takes_the_larger(monkeyp
     then the smaller margin; a strictly better walk wins whatever its cap."""
 
     def walks(table):
-        monkeypatch.setattr(distill, "_gap_quantiles", lambda states: [1.0, 2.0])
+        monkeypatch.setattr(gate_rules, "_gap_quantiles", lambda states: [1.0, 2.0])
         monkeypatch.setattr(
-            distill,
+            gate_rules,
             "backoff_walk_pct",
             lambda outcomes, states, depth, gate, c, h, max_target_ms: table.get((c, h), 50.0),
         )
-        return distill.choose_skip_rounds(pl.DataFrame(), _round_set(pl.DataFrame()), 3, distill.Gate())[:2]
+        return gate_rules.choose_skip_rounds(
+            pl.DataFrame(), _round_set(pl.DataFrame()), 3, gate_rules.Gate()
+        )[:2]
 
     assert walks({(7, 2.0): 60.0, (15, 2.0): 60.0, (15, 1.0): 60.0, (3, 2.0): 59.9}) == (15, 1.0)
     assert walks({(3, 2.0): 60.0 + 1e-9, (7, 2.0): 60.0, (15, 2.0): 60.0}) == (3, 2.0)

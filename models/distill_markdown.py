@@ -1,0 +1,186 @@
+"""distill's offline table (offline.md and offline.csv's rows), built of the stage's metrics.
+
+Pure text: every number comes from models.distill_metrics (the policies' walks on the canonical
+states, the training-set choice) and models.gate (the decision-priced round walks).
+"""
+
+from __future__ import annotations
+
+from models.distill_metrics import LABELS, Results, vs_endpoint
+from models.gate import parse_backoff_key
+from models.offline import summary
+
+
+def offline_policies(results: Results) -> list[str]:
+    """The table's policies, in :data:`models.distill_metrics.LABELS` order."""
+    return [p for p in LABELS if p in next(iter(results.values()))]
+
+
+def offline_rows(results: Results) -> list[dict]:
+    """offline.csv: per report, each policy's realised tok/s."""
+    policies = offline_policies(results)
+    return [{"report_id": r, **{p: row[p].tok_per_s for p in policies}} for r, row in results.items()]
+
+
+def offline_markdown(results: Results, train_set: dict, metrics: dict) -> str:
+    """offline.md: the policies' summary, the training-set choice, the round walks, per report."""
+    policies = offline_policies(results)
+    summ, gaps = summary(results), vs_endpoint(results)
+    lines = [
+        "| policy | mean tok/s | % of best (mean of ratios) | worst report vs better endpoint |",
+        "|---|---|---|---|",
+    ]
+    for p in policies:
+        gap = f"{gaps[p]['min_pct']:+.1f}%" if p in gaps else ""
+        lines.append(
+            f"| {LABELS[p]} | {summ[p]['mean_tok_per_s']:.2f} | {summ[p]['mean_pct_of_best']:.1f}% | {gap} |"
+        )
+    lines += _train_set_lines(train_set)
+    lines += _gate_lines(metrics)
+    lines += _by_report_lines(metrics)
+    lines += ["", "| report | " + " | ".join(LABELS[p] for p in policies) + " |"]
+    lines.append("|" + "---|" * (len(policies) + 1))
+    for report, row in results.items():
+        cells = [f"{row[p].tok_per_s:.2f} ({row[p].schedule})" for p in policies]
+        lines.append(f"| {report} | " + " | ".join(cells) + " |")
+    return (
+        "\n".join(lines) + "\n\nCells: realised tok/s (reached schedule, step 1 first). Every row except "
+        "the last decides each report with models that never saw it (leave-one-pair-out: never saw its "
+        "pair); signal subsets and thresholds were chosen without the held-out fold.\n"
+    )
+
+
+def _train_set_lines(ts: dict) -> list[str]:
+    lines = [
+        "",
+        f"Training states (out of fold, same folds, chosen by the {ts['selected_by']} walk; exported: "
+        f"**{ts['winner']}**, loss {ts['exported_loss']}"
+        + (
+            f", the best walk ahead of the runner-up by {ts['margin_over_runner_up_pct']:.2f} points"
+            if ts["margin_over_runner_up_pct"] is not None
+            else ""
+        )
+        + (
+            f"; the best walk, {ts['best_walk']}, leads both by {ts['best_lead_over_both_pct']:+.2f} points, "
+            f"one standard error {ts['best_lead_over_both_se']:.2f}: both unless the lead is larger"
+            if ts.get("best_walk") not in (None, "both")
+            else ""
+        )
+        + (
+            f"; the MSE student leads the thresholded one ({ts.get('mse_lead_vs')}) by "
+            f"{ts.get('mse_lead_pct', 0.0):+.2f} points, one "
+            f"standard error {ts['mse_lead_se']:.2f}: the MSE student only if the lead is larger"
+            if "mse_lead_pct" in ts
+            else ""
+        )
+        + (
+            f"; with the n-gram lookahead the {ts['lookahead_lead_vs']} student's round walk leads the same "
+            f"set's without it by "
+            f"{ts['lookahead_lead_pct']:+.2f} points, one standard error {ts['lookahead_lead_se']:.2f}"
+            if "lookahead_lead_pct" in ts
+            else ""
+        )
+        + "):",
+        "",
+        "| training states | % of best (walked, canonical states) "
+        "| % of the round oracle (walked, round starts) | invoke share | fold thresholds |",
+        "|---|---|---|---|---|",
+    ]
+    walks = ts.get("round_walk_pct_of_oracle", {})
+    for n, pct in ts["oof_pct_of_best"].items():
+        walk = f"{walks[n]:.1f}%" if n in walks else ""
+        thr = ", ".join(f"{t:.2f}" for t in ts["fold_thresholds"][n])
+        lines.append(f"| {n} | {pct:.1f}% | {walk} | {100 * ts['oof_invoke_share'][n]:.1f}% | {thr} |")
+    if "mse" in walks:
+        lines.append(f"| MSE + threshold 0, canonical (loss auto's other) | | {walks['mse']:.1f}% | | |")
+    if "no_lookahead" in walks:
+        lines.append(
+            f"| {ts['lookahead_lead_vs']} without the n-gram lookahead (set to 0) | "
+            f"{ts['no_lookahead_oof_pct_of_best']:.1f}% | {walks['no_lookahead']:.1f}% | | |"
+        )
+    if "all_small" in walks:
+        lines.append(f"| All-Small (reference) | | {walks['all_small']:.1f}% | 0.0% | |")
+    return lines
+
+
+def _gate_lines(metrics: dict) -> list[str]:
+    walks = metrics.get("decision_priced_walk_pct") or {}
+    if not walks:
+        return []
+    g, c = metrics["skip_rest_below"], metrics.get("skip_rounds_max", 0)
+    h = metrics.get("skip_rounds_margin", 0.0)
+    chosen = "decide every step" if g is None else f"skip the rest of a round below threshold - {g:.4g}"
+    cap = metrics.get("skip_rest_max_target_ms")
+    if g is not None and cap is not None:
+        chosen += f", where the runtime target_ms is at most {cap:.3g}"
+    noise = metrics.get("skip_rest_noise") or {}
+    if noise.get("reports"):
+        chosen += (
+            f"; deciding every step leads the best gate by {noise['none_lead']:+.2f} points, one standard "
+            f"error {noise['none_lead_se']:.2f} over {noise['reports']} reports: a gate unless the lead "
+            f"is larger"
+        )
+    backoff = (
+        "decide every round"
+        if c == 0
+        else f"after k idle rounds in a row (no decided margin above threshold - {h:.4g}) skip the next "
+        f"min(2^k - 1, {c}) rounds"
+    )
+    lines = [
+        "",
+        f"Decision-priced round walk (out of fold; the student pays each decision it takes, a fixed "
+        f"schedule none; the round oracle's ms per token over the starts / the walk's). "
+        f"Exported: **{chosen}**; cross-round "
+        f"backoff (skip_rounds_max and skip_rounds_margin, chosen with that gate, skip-runs counted in "
+        f"round-table starts): "
+        f"**{backoff}**.",
+        "",
+        "| rule | % of the round oracle |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {v:.2f}% |" for name, v in walks.items() if parse_backoff_key(name) is None]
+    grid: dict[int, dict[float, float]] = {}
+    for name, v in walks.items():
+        if (ch := parse_backoff_key(name)) is not None:
+            grid.setdefault(ch[0], {})[ch[1]] = v
+    margins = sorted({m for row in grid.values() for m in row})
+    lines += [
+        "",
+        "Cross-round backoff, % of the round oracle: cap c (rows) x idle margin h (columns; c = 0 never "
+        "skips).",
+        "",
+        "| c | " + " | ".join(f"h = {m:.3g}" for m in margins) + " |",
+        "|---|" + "---|" * len(margins),
+    ]
+    return lines + [
+        f"| {c} | " + " | ".join(f"{row[m]:.2f}%" if m in row else "" for m in margins) + " |"
+        for c, row in sorted(grid.items())
+    ]
+
+
+def _by_report_lines(metrics: dict) -> list[str]:
+    rows, vs = metrics.get("round_walk_by_report") or [], metrics.get("round_walk_vs_fixed") or {}
+    if not rows:
+        return []
+    n_fixed = 2 ** len(rows[0]["best_schedule"])
+    lines = [
+        "",
+        "Per report, the exported student's decision-priced round walk out of fold (its gate and "
+        "backoff) against the fixed schedules, % of the round oracle (best fixed: the report's best of "
+        f"all {n_fixed} in hindsight). Against the better endpoint: mean "
+        f"{vs['vs_better_endpoint_mean_pct']:+.1f}%, worst {vs['vs_better_endpoint_worst_pct']:+.1f}%, "
+        f"within 1% on {vs['within_1pct_of_better_endpoint']} of {vs['reports']} reports; against the "
+        f"best fixed schedule: mean {vs['vs_best_fixed_mean_pct']:+.1f}%, worst "
+        f"{vs['vs_best_fixed_worst_pct']:+.1f}%, within 1% on {vs['within_1pct_of_best_fixed']}.",
+        "",
+        "| report | student | All-Small | All-Mid | best fixed (schedule) | vs better endpoint "
+        "| vs best fixed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['report_id']} | {r['student']:.1f}% | {r['all_small']:.1f}% | {r['all_mid']:.1f}% | "
+            f"{r['best_fixed']:.1f}% ({r['best_schedule']}) | {r['vs_better_endpoint_pct']:+.1f}% | "
+            f"{r['vs_best_fixed_pct']:+.1f}% |"
+        )
+    return lines
