@@ -19,9 +19,14 @@ params.yaml plus the stage's overlay) or creates one, so it is still grouped.
 Plots go through :func:`log_figure` (matplotlib, Agg backend). Metrics files are nested JSON for
 ``dvc metrics show``; plot data are CSV for ``dvc plots``.
 
+The store is ``MLFLOW_TRACKING_URI`` when that is set, else the local SQLite file. The experiment is
+tagged as a model-training one, so the UI opens on its runs. Closing a parent run logs a short
+headline beside the copied metrics (``headline/...``: deployed gain, pricing agreement, GRAFT
+against DDTree's best budget in hindsight, minutes per stage).
+
 CLI: ``python -m pipeline.tracking {start,end,ui}``; ``ui`` serves the MLflow UI on 127.0.0.1 (one
-worker, no job execution) and prints links to the experiment and to the newest pipeline run of
-each overlay side by side.
+worker, no job execution) and prints links to the experiment's runs, to the two newest pipeline
+runs of each overlay side by side, and to the newest of each overlay side by side.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,8 +71,24 @@ GIT_REVISION, GIT_DIRTY = "git.revision", "git.dirty"
 UNTRACKED = ("mlflow",)  # where runs are written: not part of what a pipeline run computes
 
 
+TRACKING_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own variable: a user's server or store wins
+# The UI opens a model-training experiment on its runs, not on the GenAI overview ("Traces 0").
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# The parent run's short headline, beside the hundreds of per-stage metrics copied onto it:
+# (headline name, pattern over the copied ``<stage>/<metric>`` names).
+HEADLINE = (
+    ("deployed_gain_fitting_mean", r"evaluate/deployed\.priced_speedup\.fitting\.mean_gain"),
+    ("deployed_gain_fitting_worst", r"evaluate/deployed\.priced_speedup\.fitting\.worst_gain"),
+    ("pricing_rows_in_band_share", r"evaluate/pricing_check\.in_band_share"),
+    ("graft_full_speedup", r"evaluate_graft/mean_speedup\.full"),
+    ("graft_hindsight_speedup", r"evaluate_graft/mean_speedup\.hindsight"),
+    ("graft_full_at_least_hindsight", r"evaluate_graft/full_graft_at_least_hindsight"),
+)
+
+
 def tracking_uri(p: MlflowParams) -> str:
-    return f"sqlite:///{resolve(p.db)}"
+    """``MLFLOW_TRACKING_URI`` when set, else the local SQLite store of ``params.mlflow``."""
+    return os.environ.get(TRACKING_ENV) or f"sqlite:///{resolve(p.db)}"
 
 
 def artifact_root(p: MlflowParams) -> Path:
@@ -79,14 +101,27 @@ def open_store(p: MlflowParams) -> tuple[Any, str]:
     import mlflow
 
     uri = tracking_uri(p)
+    users = os.environ.get(TRACKING_ENV)
     mlflow.set_tracking_uri(uri)
+    # MLflow also exports the URI for child processes; put the user's setting back, so that a later
+    # store of other params (a test's, a child's) is not mistaken for one the user chose.
+    if users is None:
+        os.environ.pop(TRACKING_ENV, None)
+    else:
+        os.environ[TRACKING_ENV] = users
     exp = mlflow.get_experiment_by_name(p.experiment)
     if exp is None:
         # Artifacts live next to the database, not in ./mlruns of whatever the working directory is.
-        exp_id = mlflow.create_experiment(p.experiment, artifact_location=artifact_root(p).as_uri())
+        exp_id = mlflow.create_experiment(
+            p.experiment, artifact_location=artifact_root(p).as_uri(), tags=EXPERIMENT_KIND
+        )
     else:
         exp_id = exp.experiment_id
-    return mlflow.MlflowClient(uri), exp_id
+    client = mlflow.MlflowClient(uri)
+    if exp is not None and any(exp.tags.get(k) != v for k, v in EXPERIMENT_KIND.items()):
+        for key, value in EXPERIMENT_KIND.items():  # a store made before the kind was set
+            client.set_experiment_tag(exp_id, key, value)
+    return client, exp_id
 
 
 def _git_tags(git: GitState) -> dict[str, str]:
@@ -274,12 +309,37 @@ def end_pipeline(params: Params, run_id: str, returncode: int) -> bool:
     if not children:
         client.delete_run(run_id)  # every stage was up to date: an empty parent is only clutter
         return False
+    log_headline(client, run_id)
     client.set_terminated(run_id, "FINISHED" if returncode == 0 else "FAILED")
     return True
 
 
+def headline_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The parent run's headline from its copied stage metrics: HEADLINE's figures where present,
+    each stage's minutes and the pipeline's (the sum of the stages that ran)."""
+    out = {}
+    for name, pattern in HEADLINE:
+        found = [v for k, v in metrics.items() if re.fullmatch(pattern, k)]
+        if found:
+            out[f"headline/{name}"] = found[0]
+    minutes = {k.split("/")[0]: v / 60 for k, v in metrics.items() if k.endswith("/stage_seconds")}
+    out.update({f"headline/minutes.{stage}": m for stage, m in minutes.items()})
+    if minutes:
+        out["headline/minutes.pipeline"] = sum(minutes.values())
+    return out
+
+
+def log_headline(client: Any, run_id: str) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    figures = headline_metrics(client.get_run(run_id).data.metrics)
+    client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in figures.items()])
+
+
 def ui_links(params: Params, port: str) -> list[str]:
-    """The experiment page and a side-by-side page of the newest pipeline run of each overlay."""
+    """The experiment's runs, then per overlay with two pipeline runs or more a side-by-side page
+    of its two newest, then the newest pipeline run of each overlay side by side."""
     client, exp_id = open_store(params.mlflow)
     base = f"http://127.0.0.1:{port}/#"
     runs = client.search_runs(
@@ -288,13 +348,17 @@ def ui_links(params: Params, port: str) -> list[str]:
         order_by=["attributes.start_time DESC"],
         max_results=200,
     )
-    newest: dict[str, str] = {}
+    by_overlay: dict[str, list[str]] = {}
     for run in runs:
-        newest.setdefault(run.data.tags.get(OVERLAY, ""), run.info.run_id)
-    links = [f"{base}/experiments/{exp_id}"]
-    if len(newest) >= 2:
-        ids = json.dumps(list(newest.values())[:4]).replace(" ", "")
-        links.append(f'{base}/compare-runs?runs={ids}&experiments=["{exp_id}"]')
+        by_overlay.setdefault(run.data.tags.get(OVERLAY, ""), []).append(run.info.run_id)
+
+    def compare(ids: list[str]) -> str:
+        return f'{base}/compare-runs?runs={json.dumps(ids).replace(" ", "")}&experiments=["{exp_id}"]'
+
+    links = [f"{base}/experiments/{exp_id}/runs"]
+    links += [compare(ids[:2]) for ids in by_overlay.values() if len(ids) >= 2]
+    if len(by_overlay) >= 2:
+        links.append(compare([ids[0] for ids in by_overlay.values()][:4]))
     return links
 
 

@@ -31,6 +31,7 @@ from pipeline.tracking import (
     open_store,
     stage_run,
     start_pipeline,
+    tracking_uri,
     ui_links,
 )
 
@@ -98,7 +99,10 @@ def test_stage_run_tags_provenance_and_logs_every_declared_param(tmp_path, monke
     assert tags["git.revision"] == git_revision() and tags["git.dirty"] in ("true", "false")
     assert tags["pipeline.stage"] == "canonicalize" and tags["pipeline.overlay"] == "smoke"
     assert tags["params.hash"] == json_sha256(declared_values("canonicalize", seen))
-    assert tags["data.inputs"] == str(actions) and tags["data.hash"] == data_hash([actions])
+    # its inputs: the code fingerprint, then its data deps, in dvc.yaml's order
+    inputs = stage_inputs("canonicalize", seen)
+    assert inputs[0].name == "canonicalize.json" and inputs[1] == actions
+    assert tags["data.inputs"].split(",")[1] == str(actions) and tags["data.hash"] == data_hash(inputs)
     # Exactly what dvc.yaml declares: whole sections, single keys, nothing undeclared.
     logged = run.data.params
     assert set(logged) == set(declared_values("canonicalize", seen))
@@ -173,16 +177,45 @@ def test_stages_in_separate_processes_join_one_pipeline_run(tmp_path):
     assert len(parents) == 1 and [r.info.run_id for r in _pipeline_runs(params)] == list(parents)
 
 
-def test_ui_links_compare_the_newest_pipeline_run_of_each_overlay(tmp_path):
+def test_ui_links_land_on_runs_and_compare_the_newest_of_each_overlay(tmp_path):
     smoke, base = _params(tmp_path), _params(tmp_path, profile="base")
     old_smoke = start_pipeline(smoke)
     new_smoke, new_base = start_pipeline(smoke), start_pipeline(base)
-    _, exp_id = open_store(smoke.mlflow)
-    experiment, compare = ui_links(smoke, "5001")
-    assert experiment == f"http://127.0.0.1:5001/#/experiments/{exp_id}"
-    assert compare.startswith("http://127.0.0.1:5001/#/compare-runs?runs=")
-    assert new_smoke in compare and new_base in compare and old_smoke not in compare
+    client, exp_id = open_store(smoke.mlflow)
+    experiment, same_overlay, overlays = ui_links(smoke, "5001")
+    assert experiment == f"http://127.0.0.1:5001/#/experiments/{exp_id}/runs"
+    assert same_overlay.startswith("http://127.0.0.1:5001/#/compare-runs?runs=")
+    assert new_smoke in same_overlay and old_smoke in same_overlay and new_base not in same_overlay
+    assert new_smoke in overlays and new_base in overlays and old_smoke not in overlays
     assert _get(smoke, new_base).data.params["overlay"] == "base"
+    # a model-training experiment: the UI opens on its runs, not the GenAI overview
+    assert client.get_experiment(exp_id).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_closing_a_pipeline_run_logs_its_headline(tmp_path):
+    params = _params(tmp_path)
+    parent = start_pipeline(params)
+    client, exp_id = open_store(params.mlflow)
+    child = client.create_run(exp_id, tags={"mlflow.parentRunId": parent}).info.run_id
+    client.log_metric(child, "stage_seconds", 90.0)
+    client.log_metric(parent, "zoo/stage_seconds", 120.0)
+    client.log_metric(parent, "evaluate/stage_seconds", 60.0)
+    client.log_metric(parent, "evaluate_graft/mean_speedup.full", 1.6)
+    client.log_metric(parent, "evaluate_graft/mean_speedup.hindsight", 1.5)
+    assert end_pipeline(params, parent, 0)
+    got = client.get_run(parent).data.metrics
+    assert got["headline/minutes.zoo"] == 2.0 and got["headline/minutes.pipeline"] == 3.0
+    assert got["headline/graft_full_speedup"] == 1.6 and got["headline/graft_hindsight_speedup"] == 1.5
+    assert "headline/deployed_gain_fitting_mean" not in got  # absent figures are not invented
+
+
+def test_mlflow_tracking_uri_is_honoured(tmp_path, monkeypatch):
+    params = _params(tmp_path)
+    other = tmp_path / "elsewhere.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other}")
+    assert tracking_uri(params.mlflow) == f"sqlite:///{other}"
+    start_pipeline(params)
+    assert other.is_file()
 
 
 SIGNALS = SIGNAL_NAMES[:6]
