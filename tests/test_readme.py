@@ -1,20 +1,33 @@
-"""`make results`: only the marked section of the README is rewritten."""
+"""`make results`: docs/results.md names its commit and dvc.lock; only the README's marked section changes."""
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+
 import pytest
 
-from pipeline.readme import (
-    END,
-    START,
+from collectors.results_text import (
     gains_line,
     graft_checks_line,
     half_split_line,
+    headline_table,
     learned_budget_line,
     pricing_line,
     student_table,
-    update,
 )
+from pipeline.readme import (
+    END,
+    RESULTS_PAGE,
+    START,
+    Provenance,
+    provenance,
+    results_page,
+    update,
+    write_results,
+)
+
+PROV = Provenance(commit="0123456789abcdef0123456789abcdef01234567", dirty=False, lock_sha256="ab" * 32)
 
 
 def test_update_replaces_only_the_marked_section(tmp_path):
@@ -130,3 +143,128 @@ def test_half_split_line_states_the_mean_and_worst_report_and_is_empty_without_t
     line = half_split_line({"mean_half_split": 0.9768, "min_half_split": 0.9162}, 6)
     assert "own 6 prompts" in line and "reaches 97.7% of the best" in line and "worst report 91.6%" in line
     assert half_split_line({"mean_best_kept": 0.8}, 6) == ""
+
+
+def test_update_refuses_doubled_or_reversed_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    for text in (f"{START}\n{END}\n{START}\n{END}\n", f"{END}\nx\n{START}\n"):
+        readme.write_text(text)
+        with pytest.raises(ValueError, match="exactly one pair of markers"):
+            update(readme, f"{START}\nnew\n{END}")
+        assert readme.read_text() == text
+
+
+def test_results_page_is_headed_by_the_commit_and_the_lock_digest():
+    page = results_page("## Main table\n\n| a |", PROV)
+    head = page.splitlines()[2]
+    assert page.startswith("# Results\n\n")
+    assert PROV.commit in head and PROV.lock_sha256 in head and "uncommitted" not in head
+    dirty = results_page("x", Provenance(PROV.commit, True, PROV.lock_sha256))
+    assert "with uncommitted changes" in dirty.splitlines()[2]
+
+
+def test_provenance_reads_head_and_hashes_dvc_lock(tmp_path):
+    lock = tmp_path / "dvc.lock"
+    with pytest.raises(FileNotFoundError, match=r"dvc\.lock"):
+        provenance(tmp_path)
+    lock.write_text("schema: '2.0'\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    git("add", "dvc.lock")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "lock")
+    prov = provenance(tmp_path)
+    assert prov.commit == git("rev-parse", "HEAD").strip()
+    assert prov.lock_sha256 == hashlib.sha256(lock.read_bytes()).hexdigest() and not prov.dirty
+    lock.write_text("schema: '3.0'\n")  # an edit to a tracked file marks the checkout dirty
+    assert provenance(tmp_path).dirty
+
+
+def deployed(mean: float, worst: float, n: int, best: float | None = None) -> dict:
+    stats = {"student_gain_mean": mean, "student_gain_best": 1.5, "student_gain_worst": worst, "n_cells": n}
+    return stats if best is None else {**stats, "student_at_least_best_fixed": best}
+
+
+GRAFT = {"n_cells": 12, "mean_speedup": {"full": 1.63, "hindsight": 1.51},
+         "mean_wall_speedup": {"full": 1.72}, "full_graft_at_least_hindsight": 11 / 12}  # fmt: skip
+
+
+def test_headline_table_has_one_row_per_group_and_the_graft_row():
+    metrics = {
+        "deployed.priced_speedup.fitting": deployed(1.095, 1.0, 25, 0.84),
+        "deployed.speedup.fitting": deployed(1.084, 1.0, 25),
+        "deployed.priced_speedup.held-out_pair": deployed(1.151, 1.022, 5, 1.0),
+        "priced_speedup.fitting": deployed(2.0, 0.5, 25, 0.1),  # the student's own row is not the headline
+    }
+    lines = headline_table(metrics, GRAFT).splitlines()
+    assert len(lines) == 5
+    assert lines[2] == "| fitting (25) | mean +9.5%, worst +0.0% | mean +8.4%, worst +0.0% | 84% |"
+    assert lines[3] == "| held-out pair (5) | mean +15.1%, worst +2.2% | n/a | 100% |"
+    assert "full GRAFT 1.63x" in lines[4] and "1.72x wall clock" in lines[4] and "1.51x" in lines[4]
+    assert "92%" in lines[4]
+    with pytest.raises(ValueError, match="deployed"):
+        headline_table({"priced_speedup.fitting": deployed(1.0, 1.0, 1)}, GRAFT)
+
+
+def test_write_results_writes_both_files_or_neither(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# T\n{START}\nold\n{END}\n## Install\n")
+    write_results(tmp_path, "## Main table", f"{START}\n| new |\n{END}", PROV)
+    assert readme.read_text() == f"# T\n{START}\n| new |\n{END}\n## Install\n"
+    page = (tmp_path / RESULTS_PAGE).read_text()
+    assert PROV.commit in page and page.rstrip().endswith("## Main table")
+    readme.write_text("# no markers\n")
+    (tmp_path / RESULTS_PAGE).unlink()
+    with pytest.raises(ValueError, match="markers"):
+        write_results(tmp_path, "body", f"{START}\nx\n{END}", PROV)
+    assert not (tmp_path / RESULTS_PAGE).exists() and readme.read_text() == "# no markers\n"
+
+
+def test_main_writes_the_results_page_and_the_headline_from_the_artifacts(tmp_path, monkeypatch):
+    """The whole of `make results` on a fake checkout: every input read from the params' out_dirs."""
+    import json
+
+    import pipeline.readme as readme_mod
+    from config.params import load_params
+
+    params = load_params()
+    monkeypatch.setattr(readme_mod, "resolve", lambda p: tmp_path / p)
+    monkeypatch.setattr(readme_mod, "provenance", lambda root: PROV)
+
+    def put(out_dir: str, name: str, content: object) -> None:
+        path = tmp_path / out_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+
+    ev = {"deployed.priced_speedup.fitting": deployed(1.095, 1.0, 25, 0.84),
+          "deployed.speedup.fitting": deployed(1.084, 1.0, 25)}  # fmt: skip
+    for name in ("table.md", "wall.md", "ablations.md"):
+        put(params.evaluate.out_dir, name, f"| {name} |")
+    put(params.evaluate.out_dir, "metrics.json", ev)
+    put(params.evaluate.out_dir, "results.json", {"main": []})
+    put(params.budget.out_dir, "budgets.md", "| budgets |")
+    put(params.distill.out_dir, "offline.md", "| offline |")
+    put(params.collect.out_dir, "summary.md", "| summary |")
+    put(params.collect.out_dir, "metrics.json", {})
+    budgets = {"plain": {"budget": 9}, "tdes": {"budget": 10}}
+    graft = {**GRAFT, "pairs": {"zoo-m": {"learned_budget": budgets}},
+             "graft_at_least_hindsight": 0.0, "graft_rule_at_least_hindsight": 0.5,
+             "learned_at_least_saba_on_mean": True, "full_graft_at_least_saba_graft_on_mean": True,
+             "tdes_raises_a": 0.9, "tdes_keeps_or_raises_a": 0.9, "tdes_raises_a_at_learned_budget": 0.9,
+             "max_overhead_ms": 0.17}  # fmt: skip
+    put(params.graft_eval.out_dir, "metrics.json", graft)
+    put(params.graft_eval.out_dir, "cells.json", [graft_cell("zoo-m", "alpaca", 1.2, 1.1)])
+    put(params.graft_eval.out_dir, "graft.md", "| graft |")
+    (tmp_path / "README.md").write_text(f"# T\n{START}\nold\n{END}\n## Install\n")
+
+    assert readme_mod.main([]) == 0
+    page = (tmp_path / RESULTS_PAGE).read_text()
+    assert PROV.commit in page.splitlines()[2] and PROV.lock_sha256 in page.splitlines()[2]
+    for table in ("| table.md |", "| wall.md |", "| budgets |", "| graft |", "| offline |", "| summary |"):
+        assert table in page
+    text = (tmp_path / "README.md").read_text()
+    assert "| fitting (25) | mean +9.5%, worst +0.0% | mean +8.4%, worst +0.0% | 84% |" in text
+    assert f"[{RESULTS_PAGE}]({RESULTS_PAGE})" in text and "| table.md |" not in text
+    assert text.startswith("# T\n") and text.endswith(f"{END}\n## Install\n")
