@@ -76,8 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--linear",
         choices=LINEAR_KERNELS,
-        help="nn.Linear kernel, default stock (a bundle: its own): onednn (CPU) runs oneDNN on each weight, held once; "
-        "on a 2-core CPU it halves an fp32 step",
+        help="nn.Linear kernel, default stock (a bundle: its own): onednn (CPU) runs oneDNN on "
+        "each weight, held once; on a 2-core CPU it halves an fp32 step",
     )
     p.add_argument(
         "--raw",

@@ -349,9 +349,7 @@ def main(params: Params) -> dict:
             resolve(params.export.out_dir) / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
         )
         policies = learned_policies(params, students)
-        deployments = deployed_checks(
-            params, {p: decode_config(params, p).tree for p in cfg.pairs}, students
-        )
+        deployments = deployed_checks(params, {p: decode_config(params, p).tree for p in cfg.pairs}, students)
         checks = {p: pair_check_of(d) for p, d in deployments.items()}
         cells = [(p, d) for p in cfg.pairs for d in cfg.datasets]
         rows, priced_by_cell, drift = _evaluate_cells(
