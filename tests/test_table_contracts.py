@@ -239,7 +239,11 @@ def test_every_single_bit_flip_is_refused(data: st.DataObject) -> None:
         or (is_float and not math.isfinite(new) and not (math.isnan(new) and nan_ok))
         or (column in NON_NEGATIVE[name] and not (is_float and math.isnan(new)) and new < 0)
     )
-    if must and not (nan_ok and math.isnan(old)):
+    # a flip that leaves the value equal (the sign bit of 0.0: -0.0 == 0.0), or moves it by less than
+    # the contracts' float tolerance (1e-12, step_frac = k/D), is for the digest alone to see
+    close = is_float and math.isfinite(new) and math.isfinite(old) and abs(new - old) <= 1e-12
+    same = new == old or close
+    if must and not same and not (nan_ok and math.isnan(old)):
         with pytest.raises(
             ContractError,
             match=r"^flipped: \S+ (column '\w+'|key \([\w, ]+\)) breaks '.+' in \d+ of \d+ (rows|groups) "
