@@ -4,7 +4,7 @@ Usage (after `make repro`: the zoo and artifacts/profile/<pair>.json exist):
     .venv/bin/python benchmarks/bench_budget.py [--pairs zoo-s zoo-l] [--prompts 2]
         [--max-new-tokens 48] [--out artifacts/bench/budget.json]
 
-Per pair and prompt, replay (collectors.budget_sweep, the sweep the budget stage runs; temperature
+Per pair and prompt, replay (collectors.pricing.budget_sweep, the sweep the budget stage runs; temperature
 0, exact) builds each round's full tree once per fixed schedule; decoder.budget.budget_sweep turns
 its one greedy acceptance into the accepted length and verified size under every budget B <= 63.
 Every budget's trajectory is then walked start to start (L -> L + A_B + 1) with replay's own round
@@ -22,7 +22,7 @@ each B is an exact replay of decoding with `TreeConfig.budget = B`. Columns:
   rounds inside long accepted runs; every position is not.
 - best: the best B in 1..63 in hindsight (the speed the budget holds).
 All three rules are in sample (they saw these prompts). --check replays the first prompt again
-with plain collectors.replay at every grid budget and requires identical rounds.
+with plain collectors.collect.replay at every grid budget and requires identical rounds.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ import numpy as np
 import torch
 
 from benchmarks.pair_sources import bench_prompts, load_named
-from collectors.budget_sweep import (
+from collectors.collect.plan import tree_config
+from collectors.collect.replay import Replayer, Walk
+from collectors.pricing.budget_sweep import (
     PolicySweep,
     Sample,
     SweepReplayer,
@@ -49,9 +51,7 @@ from collectors.budget_sweep import (
     round_tokens,
     sweep_pair,
 )
-from collectors.latency import LatencyProfile, load_profile, price_round
-from collectors.plan import tree_config
-from collectors.replay import Replayer, Walk
+from collectors.pricing.latency import LatencyProfile, load_profile, price_round
 from config.params import load_params, resolve
 from decoder.budget import best_budget
 from decoder.config import TreeConfig

@@ -6,7 +6,7 @@ Usage:
 
 In a real round the components run in a fixed order: n-gram steps and mid calls, then the target's
 verify, then the next round. The `profile` stage times each component after a random other one
-(collectors.profiling.robust_medians), so a point's median mixes warm and cold caches. Here, in
+(collectors.pricing.profiling.robust_medians), so a point's median mixes warm and cold caches. Here, in
 the profile's reference state (same reference context, same real and grown trees, each pair's
 budgets.json tree), each component is timed right after each possible predecessor, by this
 thread's CPU time (the profile's clock on a CPU with one torch thread), as the median of
@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from benchmarks.pair_sources import TINY, load_named
-from collectors.plan import pair_tree
-from collectors.profile_rounds import Reference, grown, prefix_tree, real_rounds, reference_context
-from collectors.profiling import mid_job
+from collectors.collect.plan import pair_tree
+from collectors.pricing.profile_rounds import Reference, grown, prefix_tree, real_rounds, reference_context
+from collectors.pricing.profiling import mid_job
 from config.params import load_params, resolve
 from decoder.config import TreeConfig
 

@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from collectors.execute import execute_prompt
-from collectors.plan import load_registered_pair, report_prompts, tree_config
-from collectors.replay import Replayer
-from collectors.report import ReportSpec
+from collectors.collect.execute import execute_prompt
+from collectors.collect.plan import load_registered_pair, report_prompts, tree_config
+from collectors.collect.replay import Replayer
+from collectors.collect.report import ReportSpec
 from config.params import load_params
 from decoder.config import DecodeConfig
 from decoder.policies import schedule_bits

@@ -41,11 +41,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from collectors.budget_file import budgets_path
-from collectors.latency import LatencyProfile, load_profile
-from collectors.plan import pair_tree, profile_for, tree_config
-from collectors.prompts import PromptFileError, Question, encode_prompts, load_benchmarks, load_questions
-from collectors.round_prices import ProfilePricer
+from collectors.collect.plan import pair_tree, profile_for, tree_config
+from collectors.data.prompts import PromptFileError, Question, encode_prompts, load_benchmarks, load_questions
+from collectors.pricing.budget_file import budgets_path
+from collectors.pricing.latency import LatencyProfile, load_profile
+from collectors.pricing.round_prices import ProfilePricer
 from config.params import Params, load_params, resolve
 from decoder.check_lossless import check_outputs, fp32_judge
 from decoder.config import DecodeConfig, TreeConfig

@@ -7,7 +7,7 @@ Usage:
         [--datasets alpaca humaneval] [--out artifacts/bench/pricing.json]
 
 Per pair: the latency profile (read from --profile-dir/<pair>.json, or measured now with the
-`profile` stage's settings), then collectors.pricing_check.check_pricing decodes every prompt for
+`profile` stage's settings), then collectors.pricing.pricing_check.check_pricing decodes every prompt for
 real under every policy (execute mode for fixed schedules; the student, if given, through
 generate with its runtime context) and prints priced / measured over all rounds and the per-round
 spread. The goal is 0.90-1.10 for every pair and policy. On a shared machine the wall clock also
@@ -37,13 +37,18 @@ import numpy as np
 
 import decoder.generate
 from benchmarks.pair_sources import TINY, bench_prompts, load_named
-from collectors.latency import load_profile
-from collectors.plan import pair_tree, report_questions
-from collectors.pricing_check import check_components, check_pricing, format_components, format_pricing
-from collectors.profile_rounds import student_like
-from collectors.profiling import measure_profile
-from collectors.records import runtime_for
-from collectors.report import ReportSpec
+from collectors.collect.plan import pair_tree, report_questions
+from collectors.collect.records import runtime_for
+from collectors.collect.report import ReportSpec
+from collectors.pricing.latency import load_profile
+from collectors.pricing.pricing_check import (
+    check_components,
+    check_pricing,
+    format_components,
+    format_pricing,
+)
+from collectors.pricing.profile_rounds import student_like
+from collectors.pricing.profiling import measure_profile
 from config.params import load_params, resolve
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.memory import configure_process

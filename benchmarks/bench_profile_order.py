@@ -5,7 +5,7 @@ Usage:
         [--out artifacts/bench/profile_order.json]
 
 The `profile` stage times every component in one random order per pass
-(collectors.profiling.robust_medians), so each verify follows a random other job. Some of those
+(collectors.pricing.profiling.robust_medians), so each verify follows a random other job. Some of those
 jobs run many units at once (the n-gram job runs every real small step of a frontier size, the
 decision job every real pre-step state), far more work between two verifies than a real round
 puts there (at most D small steps and D decisions). Here the profile's own jobs (same reference
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from benchmarks.pair_sources import TINY, load_named
-from collectors.profile_rounds import Reference, grown, real_rounds, reference_context
-from collectors.profiling import grid_jobs, make_grid, profile_clock, robust_medians
+from collectors.pricing.profile_rounds import Reference, grown, real_rounds, reference_context
+from collectors.pricing.profiling import grid_jobs, make_grid, profile_clock, robust_medians
 from config.params import load_params, resolve
 from decoder.config import TreeConfig
 

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from benchmarks.pair_sources import TINY, load_named
-from collectors.latency import Agreement, compare_profiles, save_profile
-from collectors.profiling import measure_profile
+from collectors.pricing.latency import Agreement, compare_profiles, save_profile
+from collectors.pricing.profiling import measure_profile
 from config.params import load_params, resolve
 
 

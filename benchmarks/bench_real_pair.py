@@ -44,11 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-from collectors.budget_file import BUDGETS_FILE
-from collectors.latency import LatencyProfile
-from collectors.plan import pair_tree, profile_for
-from collectors.prompts import encode_prompts, load_benchmarks
-from collectors.records import runtime_for
+from collectors.collect.plan import pair_tree, profile_for
+from collectors.collect.records import runtime_for
+from collectors.data.prompts import encode_prompts, load_benchmarks
+from collectors.pricing.budget_file import BUDGETS_FILE
+from collectors.pricing.latency import LatencyProfile
 from config.params import Params, load_params, resolve
 from decoder.check_lossless import check_outputs, fp32_judge
 from decoder.config import DecodeConfig, TreeConfig
@@ -192,7 +192,7 @@ def markdown(info: dict) -> str:
 
 def lossless(pair, prompts, results: dict[str, list[GenerationResult]]) -> dict[str, dict]:
     """Per method: outputs identical to AR's, and each divergence classified by the fp32 target
-    (decoder.check_lossless, as collectors.evaluation.lossless_gate does, without raising): a
+    (decoder.check_lossless, as collectors.evaluation.cell.lossless_gate does, without raising): a
     near-tie (bf16/fp16 only) or a real mismatch (fp32 is strict)."""
     ref = [r.new_tokens for r in results[AR]]
     differs = any([r.new_tokens for r in res] != ref for res in results.values())

@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from collectors.prompts import encode_prompts, load_benchmarks
+from collectors.data.prompts import encode_prompts, load_benchmarks
 from config.params import Params, load_params, resolve
 from decoder.config import DecodeConfig
 from decoder.measure import measure_policies

@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from benchmarks.bench_real_pair import held_back_prompts
-from collectors.plan import tree_config
+from collectors.collect.plan import tree_config
 from config.params import load_params
 from decoder.check_lossless import compare, fp32_judge
 from decoder.config import DecodeConfig

@@ -19,8 +19,8 @@ import argparse
 import json
 import sys
 
-from collectors.plan import load_registered_pair, tree_config
-from collectors.priced_tasks import cell_inputs
+from collectors.collect.plan import load_registered_pair, tree_config
+from collectors.evaluation.priced_tasks import cell_inputs
 from config.params import load_params, resolve
 from decoder.deployment import load_deployment
 from decoder.generate import generate

@@ -10,7 +10,7 @@ the TDES edge scorer of artifacts/fit_edges; without one, DDTree's row again, no
 - a side-by-side table per pair: tok/s, speedup over AR, mean accepted length A, and priced over
   measured time where a latency profile of this device exists (the re-profile below, or
   artifacts/profile/<pair>.json taken on a device of the same name);
-- a re-profile of the first pair on this device (collectors.profiling, CUDA events on a GPU) and
+- a re-profile of the first pair on this device (collectors.pricing.profiling, CUDA events on a GPU) and
   the budget stage's tree-shape and budget choice for it from that profile (pipeline.budget.choose).
 Writes ``gpu_check.json`` and ``gpu_check.md`` under --out (default $OUT, else artifacts/gpu_check).
 Exit status 1 when any float32 row is not lossless, 2 on bad arguments.
@@ -39,10 +39,10 @@ from benchmarks.gpu_check_parts import (
     priced_over_measured,
     zoo_params,
 )
-from collectors.budget_sweep import sweep_pair
-from collectors.latency import LatencyProfile, load_profile, save_profile
-from collectors.plan import tree_config
-from collectors.profiling import device_name, measure_profile
+from collectors.collect.plan import tree_config
+from collectors.pricing.budget_sweep import sweep_pair
+from collectors.pricing.latency import LatencyProfile, load_profile, save_profile
+from collectors.pricing.profiling import device_name, measure_profile
 from config.params import Params, resolve
 from decoder.block_drafter import load_block_drafter
 from decoder.check_lossless import check_outputs, fp32_judge

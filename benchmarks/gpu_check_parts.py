@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors.embedded_data import stdlib_files
-from collectors.latency import LatencyProfile, counts_from_round, price_ar, price_round
+from collectors.data.embedded_data import stdlib_files
+from collectors.pricing.latency import LatencyProfile, counts_from_round, price_ar, price_round
 from config.params import Params, ZooParams, load_params, resolve
 from decoder.block import BlockProposer
 from decoder.edge_scorer import EdgeScorer
@@ -98,7 +98,7 @@ def check_prompts(
 ) -> list[list[int]]:
     """n prompt token lists: the data stage's questions when it has run, else chat turns asking
     about stdlib modules, rendered with the pair's template."""
-    from collectors.prompts import encode_prompts, load_benchmarks
+    from collectors.data.prompts import encode_prompts, load_benchmarks
 
     template = params.pairs[pair_id].template
     root = resolve(params.data.out_dir)

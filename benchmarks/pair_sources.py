@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from collectors.profile_rounds import reference_context
-from collectors.prompts import encode_prompts, load_benchmarks
+from collectors.data.prompts import encode_prompts, load_benchmarks
+from collectors.pricing.profile_rounds import reference_context
 from config.params import Params, resolve
 from decoder.models import ModelPair, load_pair, make_pair
 

@@ -54,8 +54,8 @@ QUESTIONS = r"(prompts/[A-Za-z0-9._/-]+\.jsonl)?"
 ARCHS = ("qwen3", "llama")  # models.lm_training.ARCHS
 GRAFTING = ("non_destructive", "overwrite")  # decoder.config.Grafting
 BUDGET_MODES = ("measured", "fixed")  # pipeline.budget.MODES
-COLLECT_MODES = ("replay", "execute")  # collectors.report.MODES
-BACKENDS = ("local", "ray")  # collectors.plan.BACKENDS
+COLLECT_MODES = ("replay", "execute")  # collectors.collect.report.MODES
+BACKENDS = ("local", "ray")  # collectors.collect.plan.BACKENDS
 MARGIN_SOURCES = ("value", "oracle")  # the distill stage's margin sources
 LOSSES = ("auto", "mse", "weighted_mse", "weighted_logistic")  # the distill stage's LOSS_CHOICES
 THRESHOLD_RULES = ("rounds", "walked", "state")  # the distill stage's THRESHOLD_RULES
@@ -90,7 +90,7 @@ class DataParams:
     datasets: tuple[str, ...] = rule(nonempty=True)
     stdlib_corpus_chars: int
     template: str = rule(choices=TEMPLATES)
-    packages: dict[str, PinnedPackage]  # collectors/embedded_data.py SOURCES key -> pin
+    packages: dict[str, PinnedPackage]  # collectors/data/embedded_data.py SOURCES key -> pin
     # "" or prompts/<file>.jsonl: a user's Spec-Bench question file; each category becomes a dataset
     questions: str = rule(pattern=QUESTIONS)
 
@@ -222,7 +222,7 @@ class TreeParams:
 
 @dataclass(frozen=True)
 class ProfileParams:
-    """The ``profile`` stage: one latency profile per pair (see collectors/latency.py)."""
+    """The ``profile`` stage: one latency profile per pair (see collectors/pricing/latency.py)."""
 
     pairs: tuple[str, ...] = rule(nonempty=True)
     out_dir: str
@@ -258,7 +258,7 @@ class BudgetParams:
     # mixed fixed schedules (bit strings, e.g. "10101") swept beside All-Small and All-Mid
     schedules: tuple[str, ...] = rule(pattern=BITS)
     # per-round budget rule (decoder/budget.py verify_budget): multipliers of the gain scale fitted
-    # on the sweep's rounds (collectors/budget_sweep.py gain_scale) tried; [] = off
+    # on the sweep's rounds (collectors/pricing/budget_sweep.py gain_scale) tried; [] = off
     round_gain_scales: tuple[float, ...] = rule((), gt=0)
     # the rule replaces the fixed budget only when it prices at least this much faster (0.02 = 2%)
     round_min_gain: float = 0.02

@@ -26,7 +26,7 @@ one tree:
   rate <- the walked rate of the rule, Dinkelbach's fixed point, on the collect prompts.
 
 Decoding (decoder/block_decode.py) and the exact walk of collect and evaluation
-(collectors/graft_eval.py) both call :func:`rule_budget`, so they decide alike.
+(collectors/graft/walk.py) both call :func:`rule_budget`, so they decide alike.
 """
 
 from __future__ import annotations

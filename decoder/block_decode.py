@@ -8,7 +8,7 @@ recorded as RoundStats with no steps; the proposer's time is its "mid" component
 EdgeScorer (GRAFT's TDES, decoder/edge_scorer.py) the tree is ranked by its parent-aware edge scores
 instead of the marginals alone; scoring a round's grid counts as "tree" time. With a per-round
 budget rule (config.block.rule, decoder/block_budget.py) the tree is built at the rule's cap and the
-round verifies its first B_t nodes (`round_tree`, which the exact walk of collectors/graft_eval.py
+round verifies its first B_t nodes (`round_tree`, which the exact walk of collectors/graft/walk.py
 also calls); the decision counts as "tree" time.
 """
 

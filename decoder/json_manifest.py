@@ -1,7 +1,7 @@
 """The JSON manifests written beside saved files: read, check the field names, digest.
 
 Used by the block drafter's config (decoder/block_drafter.py), the edge scorer's manifest
-(decoder/edge_scorer.py) and a collect report's manifest (collectors/report.py). Each reader
+(decoder/edge_scorer.py) and a collect report's manifest (collectors/collect/report.py). Each reader
 raises its own error type (``error``), always naming the file and, where one is at fault, the
 field. The digest is SHA-256 of the canonical JSON (sorted keys, no spaces) of every field but the
 one that stores it, so any edit after writing shows. The scheduler artifacts (decoder/artifact.py)

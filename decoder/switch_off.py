@@ -4,7 +4,7 @@ Contract: `SwitchOff` wraps a TreeGraft scheduler (a fixed schedule or a learned
 every drafting step as the wrapped one does. Before each round the loop asks it
 (`speculate_round`) whether the round drafts at all; after it, the wrapper reads the round's
 statistics (`round_done`) and prices them with a `RoundPricer` (the pair's measured cost model:
-collectors/round_prices.py builds one from a LatencyProfile). A round's realised excess over AR is
+collectors/pricing/round_prices.py builds one from a LatencyProfile). A round's realised excess over AR is
 its priced ms minus the ms of as many autoregressive steps as it emitted tokens; a round with a
 positive excess is *losing*.
 

@@ -1,7 +1,7 @@
 """The collectors' three tables, declared once. Units in names, keys end in _id, flags in is_.
 
-Each spec carries its value contract (features/contracts.py), derived from how collectors/records.py
-and collectors/report.py build the rows: per report, 2^D trajectories (one per schedule), 2^D x D
+Each spec carries its value contract (features/contracts.py), derived from how collectors/collect/records.py
+and collectors/collect/report.py build the rows: per report, 2^D trajectories (one per schedule), 2^D x D
 action rows (one per schedule and step k = 1..D) and 2^D round rows per visited round start; a row's
 schedule id, step, flags and bit strings agree; costs, counts and latencies are non-negative.
 """
@@ -237,10 +237,10 @@ def rounds_spec(depth: int) -> TableSpec:
     """Replay's round-level table: every schedule's outcome from every visited round start.
 
     ``prompt_tokens``: the prompt's own length; ``mid_lag``: committed tokens the mid drafter's
-    cache lacks at this start (collectors.replay.arrival_lag); ``round_latency_ms`` prices the
+    cache lacks at this start (collectors.collect.replay.arrival_lag); ``round_latency_ms`` prices the
     round as execute mode would with that lag (its first mid call also catches up ``mid_lag``)
     and the ``prompt_blocks`` of the prompt's top-m rows it reads that the arrival the lag comes
-    from had not read (collectors.replay.arrival), one scheduler decision per step included;
+    from had not read (collectors.collect.replay.arrival), one scheduler decision per step included;
     ``decision_ms``: the profile's cost of one decision, ``decision_cold_ms``: its extra once per
     round that decides (a fixed schedule, deciding nothing, pays neither).
     """

@@ -11,7 +11,7 @@ label: the parent lies on the target's accepted path and the child is the target
 token after it. ``target_logit`` is the target's logit of the child after the parent, for accepted
 parents only (null elsewhere): a (round, depth) group of those rows is the sibling set of L_KL.
 
-Value contracts (features/contracts.py), from collectors/edges.py: token ids and indices are
+Value contracts (features/contracts.py), from collectors/graft/edges.py: token ids and indices are
 non-negative, log-probabilities finite and <= 0, a round's candidate lists hold K x m entries and
 its accepted length is at most K; an edge's target logit is present exactly for accepted parents,
 and only an accepted parent has a target child.

@@ -1,10 +1,10 @@
 """GRAFT's learned per-round budget, fitted on the collect prompts' exact walks.
 
 :func:`fit_budget_rule` stacks the node rows of every walker's walk at ``row_budget`` (the pair's
-learned fixed B: the rounds the rule will mostly see; collectors/graft_eval.py, node_rows), fits
+learned fixed B: the rounds the rule will mostly see; collectors/graft/walk.py, node_rows), fits
 P(node on the target's path) by logistic regression (models/gain_fit.py), and for each cap in
 ``caps`` walks every prompt under the rule with that cap and the pair's measured round costs
-(collectors/graft_costs.py, rule_costs). The rule's rate (tokens per ms, decoder/block_budget.py)
+(collectors/graft/costs.py, rule_costs). The rule's rate (tokens per ms, decoder/block_budget.py)
 starts at the rate of the pair's learned fixed B and follows Dinkelbach's iteration, rate <- the
 rate the rule walks at, for at most ``iterations`` steps or until it moves by less than 1e-6 of
 itself; the best walked (cap, rate) wins (ties: the smaller cap). Only collect prompts are read;
@@ -12,7 +12,7 @@ the held-back prompts of evaluate_graft stay unseen.
 
 :func:`cross_fitted_speedups` compares the two learned budgets out of fold, as a choice between
 them must be made: the collect prompts come in groups (one per dataset); each group is priced under
-the fixed B (collectors/graft_budget.py, learned_budget) and under the rule, both chosen on the
+the fixed B (collectors/graft/budget.py, learned_budget) and under the rule, both chosen on the
 other groups only, and the pooled speedups over all groups are returned. In sample the fixed B is
 the argmax of the very curve it is scored on, so an in-sample comparison favours it.
 """
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from collectors.graft_budget import (
+from collectors.graft.budget import (
     learned_budget,
     priced_totals,
     round_price,
@@ -32,8 +32,8 @@ from collectors.graft_budget import (
     rule_speedup,
     totals_speedup,
 )
-from collectors.graft_costs import GraftCosts
-from collectors.graft_eval import BudgetWalker
+from collectors.graft.costs import GraftCosts
+from collectors.graft.walk import BudgetWalker
 from decoder.block_budget import NODE_FEATURES, node_probs
 from decoder.config import BlockBudgetRule
 from models.gain_fit import fit_logistic, log_loss

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from collectors.edges import tree_match
+from collectors.graft.edges import tree_match
 from decoder.ddtree import build_ddtree
 from decoder.edge_scorer import EdgeScorer
 

@@ -1,4 +1,4 @@
-"""Fitting GRAFT's target-distilled edge scorer (TDES) on collected edges (collectors/edges.py).
+"""Fitting GRAFT's target-distilled edge scorer (TDES) on collected edges (collectors/graft/edges.py).
 
 Model (design/GRAFT.md): f(p, c, d) = w^T ReLU(W [g_p(e_p); g_c(e_c); e_d] + b) + b0, with e the
 target's token embeddings (frozen, shared with the target), g_p and g_c linear projections, e_d a

@@ -1,6 +1,6 @@
 """Fit GRAFT's per-node acceptance model: L2-regularised logistic regression by Newton's method.
 
-The rows are DDTree nodes of replayed rounds (collectors/graft_eval.py, BudgetWalker.node_rows):
+The rows are DDTree nodes of replayed rounds (collectors/graft/walk.py, BudgetWalker.node_rows):
 features decoder/block_budget.NODE_FEATURES, label 1 when the node is on the target's path. The
 fitted (weights, bias) give P(node accepted) = sigmoid(weights . x + bias), from which the rule of
 decoder/block_budget.py derives each round's whole gain curve. Features are standardised for the

@@ -36,7 +36,7 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from collectors.embedded_data import download
+from collectors.data.embedded_data import download
 from config.params import ChunkedModel, load_params, resolve
 from decoder.checkpoint import CheckpointError, folder_digests, verify_folder
 

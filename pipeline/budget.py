@@ -3,7 +3,7 @@
 For every pair of collect.pairs and evaluate.pairs, on prompts of the collect slice (question
 collect.prompt_start + i // n of dataset i mod n of budget.datasets, i < budget.prompts_per_pair;
 never reaching evaluate.prompt_start, so the evaluate prompts stay held back), replay sweeps every
-budget B in 1..tree.budget for All-Small and All-Mid (collectors/budget_sweep.py: exact at
+budget B in 1..tree.budget for All-Small and All-Mid (collectors/pricing/budget_sweep.py: exact at
 temperature 0, priced with the pair's latency profile against AR). The pair's budget is
 
     B* = argmax over B of max(priced speedup of All-Small(B), All-Mid(B))   (ties: the smaller B),
@@ -13,7 +13,7 @@ the max also over ``budget.schedules``, mixed fixed schedules such as 10101, whe
 With ``budget.shapes`` (a list of [width, topk]) the sweep runs once per tree shape and the
 best-priced shape's B* wins (ties: the shape whose policies' best speedups sum highest; a CPU wants
 narrow trees: a mid call costs what it forwards); the
-entry records ``width`` and ``topk`` (collectors/plan.py `pair_tree` decodes with them) and each
+entry records ``width`` and ``topk`` (collectors/collect/plan.py `pair_tree` decodes with them) and each
 shape's own pick. The entry's ``decode_policy`` is what the pair decodes with by default: that
 policy at B*, or ``ar`` where no budget of either policy prices faster than AR (on a CPU, a mid
 drafter costing most of a target forward, say). Also recorded: each policy's best B and its
@@ -31,7 +31,7 @@ holds ``round_budget`` (verify_ms, fixed_ms, gain_scale) and pair_tree decodes w
 ``mode: fixed`` measures nothing and gives every pair
 tree.budget (the stage switched off).
 
-Writes ``budget.out_dir``: ``budgets.json`` (collectors/budget_file.py reads it), ``budgets.md``,
+Writes ``budget.out_dir``: ``budgets.json`` (collectors/pricing/budget_file.py reads it), ``budgets.md``,
 ``speedup_by_budget.png`` and ``plots/speedup_by_budget.csv``, and ``metrics.json``.
 """
 
@@ -42,12 +42,18 @@ import logging
 import math
 from pathlib import Path
 
-from collectors.budget_file import BUDGETS_FILE, write_budgets
-from collectors.budget_sweep import PolicySweep, RoundRule, round_rules, sweep_pair
-from collectors.latency import LatencyProfile
-from collectors.plan import dataset_file, load_registered_pair, profile_for, report_questions, tree_config
-from collectors.plots import new_figure
-from collectors.report import ReportSpec
+from collectors.collect.plan import (
+    dataset_file,
+    load_registered_pair,
+    profile_for,
+    report_questions,
+    tree_config,
+)
+from collectors.collect.report import ReportSpec
+from collectors.evaluation.plots import new_figure
+from collectors.pricing.budget_file import BUDGETS_FILE, write_budgets
+from collectors.pricing.budget_sweep import PolicySweep, RoundRule, round_rules, sweep_pair
+from collectors.pricing.latency import LatencyProfile
 from config.params import Params, resolve
 from decoder.policies import AR
 from pipeline.cli import run_stage

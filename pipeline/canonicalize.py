@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 
-from collectors.plots import new_figure
+from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
 from features.canonical import canonicalize
 from features.collect_schemas import actions_spec

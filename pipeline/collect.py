@@ -6,7 +6,7 @@ recollects a mismatched or corrupt one with a warning naming the file), then the
 ``trajectories.parquet``, ``actions.parquet``, ``rounds.parquet`` (reports in plan order),
 ``tables.json`` (their sha256, which every later read verifies: features/tables.py),
 ``summary.md`` (best schedule per report vs All-Small and All-Mid) and ``metrics.json``. The local
-backend collects in ``collect.workers`` processes (collectors/pool.py), each report written by the
+backend collects in ``collect.workers`` processes (collectors/collect/pool.py), each report written by the
 worker that collected it; the tables are byte for byte those of one process.
 """
 
@@ -20,16 +20,16 @@ from pathlib import Path
 import pyarrow as pa
 from tqdm import tqdm
 
-from collectors.plan import plan_reports, run_report
-from collectors.pool import Task, pool_device, run_tasks
-from collectors.report import (
+from collectors.collect.plan import plan_reports, run_report
+from collectors.collect.pool import Task, pool_device, run_tasks
+from collectors.collect.report import (
     ReportSpec,
     completed_reports,
     read_report,
     remove_stale_temps,
     specs_for,
 )
-from collectors.summary import summarise
+from collectors.collect.summary import summarise
 from config.params import Params, resolve
 from features.tables import write_tables
 from pipeline.cli import run_stage
@@ -61,7 +61,7 @@ def collect(params: Params) -> dict:
         len(todo),
     )
     if todo and params.collect.backend == "ray":
-        from collectors.ray_backend import run_on_ray
+        from collectors.collect.ray_backend import run_on_ray
 
         run_on_ray(params, todo, plan.reports_dir, inputs=plan.inputs)
     elif todo:

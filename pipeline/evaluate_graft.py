@@ -7,13 +7,13 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
 
 1. DDTree at the fixed B = ``edges.budget``,
 2. DDTree at the best fixed B in hindsight, per cell over B = 1..``graft_eval.budget_max``, from one
-   check of the largest tree per start position (collectors/graft_eval.py, BudgetWalker),
+   check of the largest tree per start position (collectors/graft/walk.py, BudgetWalker),
 3. DDTree + TDES at the same B,
 4. DDTree + SABA (the paper's rule on this stage's cost line; one budget per pair) without and with
    TDES (GRAFT with the paper's budget),
 5. DDTree at a learned B, without and with TDES:
    one B per pair, chosen before any held-back prompt is read, on the collect prompts of the
-   fitting datasets (collectors/graft_budget.py) by the same exact walk and the same prices, as the
+   fitting datasets (collectors/graft/budget.py) by the same exact walk and the same prices, as the
    B with the most tokens per priced ms over them all. The TDES scorer there is the exported one,
    fitted on those same prompts (fit_edges' out-of-fold scorers are not exported), so the TDES
    choice sees a scorer at least as good on them as on held-back prompts.
@@ -24,16 +24,16 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
    prices faster on the collect prompts out of fold. Per task: each fitting dataset gets the arm
    with the most tokens per priced ms on its own collect prompts, of every fixed B with or without
    TDES and the pair's two per-round rules (by marginals, by TDES; choice_arms in
-   collectors/graft_budget.py): TDES stays off where its scoring costs more than the tokens it
+   collectors/graft/budget.py): TDES stays off where its scoring costs more than the tokens it
    adds. Once for all tasks: TDES with row 5's fixed B or row 6's per-round rule, whichever prices
    faster out of fold by dataset (each fitting dataset's prompts priced under the budget chosen on
    the others; models/budget_rule.py). Per task is used when, leaving each collect prompt out in
    turn, the arm chosen on its task's other prompts prices it faster in sum than the arm chosen on
-   all other prompts (collectors/graft_budget.py, left_out_speedups); held-out tasks, with no
+   all other prompts (collectors/graft/budget.py, left_out_speedups); held-out tasks, with no
    collect prompts, take the choice made once for all tasks.
 
 Every row's rounds on every prompt come from the exact walks of the prompt's output
-(collectors/graft_eval.py, BudgetWalker: by marginals and TDES-ranked, at a fixed B or under a
+(collectors/graft/walk.py, BudgetWalker: by marginals and TDES-ranked, at a fixed B or under a
 rule), the target's greedy continuation, checked by one teacher-forced forward (lossless_gate): on
 the wall-clock prompts DDTree's output at the fixed B; elsewhere, and on the collect prompts the
 budget choice reads, batched greedy decoding's (decoder/batch_greedy.py), a prompt whose batched
@@ -41,7 +41,7 @@ output the gate rejects being decoded alone. On the first ``graft_eval.wall_prom
 prompts of a cell every row is also decoded for real (identical configurations once), back to back
 with autoregressive decoding (the wall-clock table): the stage fails if an output differs from the
 target's greedy continuation or a decode's rounds from its walk's. Pricing is deterministic
-given the costs measured at the start of each pair (collectors/graft_costs.py) and the pair's
+given the costs measured at the start of each pair (collectors/graft/costs.py) and the pair's
 latency profile (``profile.out_dir/<pair>.json``).
 
 Writes ``graft_eval.out_dir``: ``graft.md`` (the table), ``costs.json`` (the measured costs) and
@@ -57,7 +57,9 @@ import time
 
 import numpy as np
 
-from collectors.graft_budget import (
+from collectors.collect.plan import dataset_file, load_registered_pair, report_questions
+from collectors.collect.report import ReportSpec
+from collectors.graft.budget import (
     Arm,
     arm_totals,
     best_arm,
@@ -69,12 +71,10 @@ from collectors.graft_budget import (
     rule_price,
     walk_choice_prompt,
 )
-from collectors.graft_costs import GraftCosts, measure_costs
-from collectors.graft_eval import decode_ar, decode_arm
-from collectors.graft_table import ROWS, markdown, markdown_wall, row_stats
-from collectors.latency import load_profile
-from collectors.plan import dataset_file, load_registered_pair, report_questions
-from collectors.report import ReportSpec
+from collectors.graft.costs import GraftCosts, measure_costs
+from collectors.graft.table import ROWS, markdown, markdown_wall, row_stats
+from collectors.graft.walk import decode_ar, decode_arm
+from collectors.pricing.latency import load_profile
 from config.params import Params, resolve
 from decoder.batch_greedy import greedy_batch
 from decoder.block import BlockProposer

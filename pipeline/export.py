@@ -20,7 +20,7 @@ import mlflow
 import numpy as np
 import torch
 
-from collectors.plots import new_figure
+from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
 from decoder.artifact import WRITER_FIELDS, Artifact, read_artifact, write_artifact
 from decoder.planning import HEADS, value_inputs

@@ -2,7 +2,7 @@
 
 A stage module is a ``pipeline/<name>.py`` that runs ``run_stage("<name>", main)``. For each one this
 writes ``artifacts/fingerprints/<name>.json``: the fingerprint of every project file its process can
-import (collectors.source_closure: the normalised AST, so docstrings, comments and formatting do not
+import (collectors.collect.source_closure: the normalised AST, so docstrings, comments and formatting do not
 count), the Python, torch and transformers versions, and one digest over both. DVC reruns this stage
 on any edit under the code folders, but a stage downstream only when its own file's bytes change,
 that is when code it imports changes what it does.
@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from collectors.source_closure import closure_fingerprint
+from collectors.collect.source_closure import closure_fingerprint
 from config.params import ROOT
 
 OUT_DIR = Path("artifacts/fingerprints")  # dvc.yaml names these files: tests/test_dvc_truth.py
@@ -39,7 +39,7 @@ def stage_modules(root: Path = ROOT) -> dict[str, str]:
 
 
 def fingerprints() -> dict[str, dict[str, object]]:
-    """Per stage, its module and its closure's fingerprint (collectors.source_closure)."""
+    """Per stage, its module and its closure's fingerprint (collectors.collect.source_closure)."""
     return {
         stage: {"stage": stage, "module": module, **closure_fingerprint([module])}
         for stage, module in stage_modules().items()

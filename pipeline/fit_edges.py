@@ -19,7 +19,7 @@ import time
 
 import polars as pl
 
-from collectors.plan import load_registered_pair
+from collectors.collect.plan import load_registered_pair
 from config.params import Params, resolve
 from decoder.edge_scorer import save_edge_scorer
 from features.edge_schemas import EDGE_ROUNDS, EDGES

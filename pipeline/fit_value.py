@@ -16,7 +16,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 
-from collectors.plots import new_figure
+from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
 from decoder.planning import HEADS, predicted_throughput, suffix_feature_names
 from decoder.scheduler import build_manifest, write_artifact

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from collectors.plots import new_figure
+from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
 from decoder.planning import BranchSearch, ValueFn, search_margins
 from decoder.scheduler import load_value_planner

@@ -1,6 +1,6 @@
 """DVC stage ``profile``: measure one latency profile per registered pair.
 
-Writes ``<out_dir>/<pair>.json`` (collectors.latency JSON, replaced atomically) for every pair in
+Writes ``<out_dir>/<pair>.json`` (collectors.pricing.latency JSON, replaced atomically) for every pair in
 ``pairs``, each the median of ``passes`` passes measured in turn (:func:`run_profile`), with
 ``<out_dir>/passes.json`` (each pass's worst ratio to that median, per component), and prints
 both as tables. Collectors store raw counts; these files price them, and a
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from collectors.latency import LatencyProfile, compare_profiles, median_profile, save_profile
+from collectors.pricing.latency import LatencyProfile, compare_profiles, median_profile, save_profile
 from config.params import Params, ProfileParams, resolve
 from decoder.config import TreeConfig
 from pipeline.cli import run_stage
@@ -63,14 +63,14 @@ def run_profile(
     """Measure every pair ``settings.passes`` times, the pairs in turn (pass 1 of each pair, then
     pass 2 of each, ...), each pass a full measure_profile on real rounds of the given tree
     settings; write ``<out_dir>/<pair>.json``, the median of the passes figure by figure
-    (collectors.latency.median_profile), and ``<out_dir>/passes.json``, how far each pass strayed
+    (collectors.pricing.latency.median_profile), and ``<out_dir>/passes.json``, how far each pass strayed
     from that median per component; return the pairs' paths.
 
     Why passes: this box's speed drifts over minutes. One pass of zoo-m measured every figure
     1.3-2.2x what a pass hours later measured (the AR step 1.97 vs 0.88 ms) while the large pairs
     moved 3-10%: a slow spell during the half minute a small pair is timed. Spread over the whole
     stage, a spell hits one pass of a pair and the median outvotes it."""
-    from collectors.profile_settings import measure_with_settings  # heavy (torch): off --help
+    from collectors.pricing.profile_settings import measure_with_settings  # heavy (torch): off --help
 
     if settings.passes < 1:
         raise ValueError(f"profile.passes must be >= 1, got {settings.passes}")

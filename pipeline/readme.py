@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors.results_text import (
+from collectors.evaluation.results_text import (
     gains_line,
     graft_checks_line,
     half_split_line,

@@ -15,7 +15,7 @@ import logging
 import mlflow
 import numpy as np
 
-from collectors.plots import new_figure
+from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
 from decoder.planning import value_inputs
 from decoder.state import SIGNAL_NAMES, state_feature_names

@@ -1,10 +1,10 @@
-"""The project modules a stage's process can import (collectors/source_closure.py), as a set."""
+"""The project modules a stage's process can import (collectors/collect/source_closure.py), as a set."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from collectors.source_closure import source_files
+from collectors.collect.source_closure import source_files
 from config.params import ROOT
 
 __all__ = ["ROOT", "import_closure"]

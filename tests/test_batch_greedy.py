@@ -7,10 +7,10 @@ import pytest
 from conftest import noisy_copy, tiny_model
 from test_lossless import EOS, prompts
 
-from collectors import replay
-from collectors.graft_budget import walk_choice_prompt
-from collectors.priced_eval import MemoReplayer, TargetMemo
-from collectors.replay import Replayer
+from collectors.collect import replay
+from collectors.collect.replay import Replayer
+from collectors.evaluation.priced_eval import MemoReplayer, TargetMemo
+from collectors.graft.budget import walk_choice_prompt
 from decoder.batch_greedy import check_greedy, greedy_batch
 from decoder.block_proposers import CausalLMProposer
 from decoder.config import DecodeConfig

@@ -9,8 +9,8 @@ from conftest import noisy_copy, tiny_model
 from test_graft_eval import priced_costs, scorer_for
 from test_lossless import EOS, prompts, reference
 
-from collectors.graft_budget import learned_budget
-from collectors.graft_eval import BudgetWalker, decode_arm, lossless_gate
+from collectors.graft.budget import learned_budget
+from collectors.graft.walk import BudgetWalker, decode_arm, lossless_gate
 from decoder.block_budget import NODE_FEATURES, first_nodes, node_features, rule_budget, rule_gains
 from decoder.block_proposers import CausalLMProposer
 from decoder.config import BlockBudgetRule

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
-from collectors.embedded_data import stdlib_files
+from collectors.data.embedded_data import stdlib_files
 from config.params import BlockDrafterSpec, ModelSpec, TrainParams
 from decoder.block_drafter import (
     CONFIG_NAME,

@@ -25,7 +25,7 @@ from conftest import train_tokenizer
 from synthetic_collect import synthetic_tables
 from synthetic_rounds import synthetic_rounds
 
-from collectors.prompts import PromptFileError, encode_prompts, load_questions, split_by_category
+from collectors.data.prompts import PromptFileError, encode_prompts, load_questions, split_by_category
 from config.model_paths import ModelNotLocalError, resolve_model
 from config.params import ROOT, Params, ParamsError, deep_merge, load_params
 from decoder.templates import jinja_chat_template, render, render_prompt

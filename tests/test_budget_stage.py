@@ -12,11 +12,17 @@ import pytest
 from collect_workspace import build_workspace, collect_overrides
 from dvc_outputs import declared_paths
 
-from collectors.budget_file import BudgetFileError, load_budgets, pair_budget, pair_round_budget
-from collectors.budget_sweep import fixed_policies, sweep_pair
-from collectors.latency import price_ar, price_round
-from collectors.plan import load_registered_pair, pair_tree, profile_for, report_questions, tree_config
-from collectors.replay import Replayer
+from collectors.collect.plan import (
+    load_registered_pair,
+    pair_tree,
+    profile_for,
+    report_questions,
+    tree_config,
+)
+from collectors.collect.replay import Replayer
+from collectors.pricing.budget_file import BudgetFileError, load_budgets, pair_budget, pair_round_budget
+from collectors.pricing.budget_sweep import fixed_policies, sweep_pair
+from collectors.pricing.latency import price_ar, price_round
 from config.params import Params, load_params
 from decoder.config import DecodeConfig
 from pipeline import budget

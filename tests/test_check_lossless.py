@@ -12,7 +12,7 @@ import torch
 from conftest import noisy_copy, save_pair, tiny_model, train_tokenizer
 from test_lossless import prompts, reference
 
-from collectors.evaluation import LosslessError, lossless_gate
+from collectors.evaluation.cell import LosslessError, lossless_gate
 from decoder.check_lossless import check_outputs, compare, fp32_judge, main
 from decoder.config import DecodeConfig
 from decoder.generate import GenerationResult, generate

@@ -24,11 +24,11 @@ from collect_workspace import (
 from conftest import noisy_copy, repeated_prompts, tiny_model
 from test_latency import linear_profile
 
-from collectors import replay, report
-from collectors.execute import execute_prompt
-from collectors.plan import plan_reports
-from collectors.replay import Replayer, continuation_decoding
-from collectors.report import inputs_key
+from collectors.collect import replay, report
+from collectors.collect.execute import execute_prompt
+from collectors.collect.plan import plan_reports
+from collectors.collect.replay import Replayer, continuation_decoding
+from collectors.collect.report import inputs_key
 from config.params import Params, load_params
 from decoder.config import DecodeConfig
 from decoder.models import make_pair
@@ -196,7 +196,7 @@ def test_report_of_another_schema_version_is_recollected_with_a_warning(
     old["key"] = inputs_key(old["inputs"])
     manifest.write_text(json.dumps(old))
     calls = spy_reports(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="collectors.report"):
+    with caplog.at_level(logging.WARNING, logger="collectors.collect.report"):
         run_collect(params)
     assert calls == ["tiny__code__0-2"]
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -12,9 +12,9 @@ import pytest
 from test_latency import linear_profile
 from test_scheduler_export import student_artifact
 
-from collectors.latency import save_profile
-from collectors.plan import profile_for, tree_config
-from collectors.records import runtime_for
+from collectors.collect.plan import profile_for, tree_config
+from collectors.collect.records import runtime_for
+from collectors.pricing.latency import save_profile
 from config.params import load_params, restrict
 from decoder import DeploymentError, load_deployment
 from decoder.bundle import sha256_file

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from collectors import pool
-from collectors.pool import Task, run_tasks, worker_device
+from collectors.collect import pool
+from collectors.collect.pool import Task, run_tasks, worker_device
 from config.params import load_params
 from decoder import devices, memory
 from decoder.devices import require_device, worker_devices

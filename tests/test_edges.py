@@ -14,7 +14,7 @@ from dvc_outputs import declared_paths
 from test_lossless import EOS, prompts, reference
 from transformers import AutoModelForCausalLM
 
-from collectors.edges import PromptKey, collect_prompt, new_columns
+from collectors.graft.edges import PromptKey, collect_prompt, new_columns
 from config.params import Params, load_params
 from decoder.block_drafter import BlockDrafterConfig, BlockDrafterNet, save_block_drafter
 from decoder.block_proposers import CausalLMProposer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.eval_report import (
+from collectors.evaluation.eval_report import (
     ablation_table,
     main_table,
     plot_rows,
@@ -13,7 +13,7 @@ from collectors.eval_report import (
     summary_metrics,
     wall_table,
 )
-from collectors.priced_tasks import calibration_range
+from collectors.evaluation.priced_tasks import calibration_range
 
 
 def _row(pair, dataset, method, speedup, held_pair=False, held_task=False, calls=(0.0, 1.0)):

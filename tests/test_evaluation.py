@@ -6,10 +6,10 @@ import pytest
 from conftest import noisy_copy, tiny_model
 from test_latency import linear_profile
 
-from collectors import evaluation
-from collectors.eval_report import ablation_table, main_table, student_gains, summary_metrics
-from collectors.evaluation import LosslessError, best_fixed_in_hindsight, evaluate_cell
-from collectors.prompts import Question
+from collectors.data.prompts import Question
+from collectors.evaluation import cell as evaluation
+from collectors.evaluation.cell import LosslessError, best_fixed_in_hindsight, evaluate_cell
+from collectors.evaluation.eval_report import ablation_table, main_table, student_gains, summary_metrics
 from decoder.config import DecodeConfig
 from decoder.generate import GenerationResult
 from decoder.measure import Method

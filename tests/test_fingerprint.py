@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.source_closure import normalised_source, source_files
+from collectors.collect.source_closure import normalised_source, source_files
 from config.params import ROOT
 from pipeline.fingerprint import stage_modules
 
@@ -108,8 +108,8 @@ def test_docstring_edit_keeps_every_digest_and_a_semantic_edit_moves_exactly_its
     assert _fingerprint(tree) == before
     params_py.write_text(original, encoding="utf-8")
 
-    # collectors/embedded_data.py is imported by some stages (data) and not by others (zoo).
-    target = "collectors/embedded_data.py"
+    # collectors/data/embedded_data.py is imported by some stages (data) and not by others (zoo).
+    target = "collectors/data/embedded_data.py"
     importers = {s for s, m in stage_modules().items() if ROOT / target in source_files([m])}
     assert importers and importers != set(before)
     _edit(tree / target, "\ndef ", "\n_FINGERPRINT_PROBE = 1\n\n\ndef ")
@@ -158,14 +158,14 @@ def test_dvc_reruns_only_the_fingerprint_stage_after_a_docstring_edit(tmp_path: 
     assert "Running stage 'fingerprint'" in second
     assert "Running stage 'data'" not in second and "Running stage 'zoo'" not in second
     assert "up to date" in dvc_run("status") or dvc_run("status").strip() == ""
-    _edit(tmp_path / "collectors/embedded_data.py", "\ndef ", "\n_FINGERPRINT_PROBE = 1\n\n\ndef ")
+    _edit(tmp_path / "collectors/data/embedded_data.py", "\ndef ", "\n_FINGERPRINT_PROBE = 1\n\n\ndef ")
     third = dvc_run("repro")
     assert "Running stage 'data'" in third and "Running stage 'zoo'" not in third
 
 
 def _resume_code_digest(root: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(root)}
-    code = "from collectors.plan import REPORT_CODE, digest_code; print(digest_code(REPORT_CODE))"
+    code = "from collectors.collect.plan import REPORT_CODE, digest_code; print(digest_code(REPORT_CODE))"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, check=True, capture_output=True, text=True
     )

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks.gpu_check import POLICIES, main
-from collectors.profiling import profile_clock
+from collectors.pricing.profiling import profile_clock
 from decoder.timing import EventClock, device_clock
 
 PAIR = "zoo-m"  # the pair with a zoo block drafter: every policy row runs

@@ -14,8 +14,8 @@ from dvc_outputs import declared_paths
 from test_edges import tiny_edges_params, workspace  # noqa: F401  (the module fixture)
 from test_lossless import EOS, prompts, reference
 
-from collectors.edges import RecordingProposer, tree_match
-from collectors.graft_budget import (
+from collectors.collect.plan import load_registered_pair
+from collectors.graft.budget import (
     ChoiceWalks,
     arm_totals,
     best_arm,
@@ -23,10 +23,10 @@ from collectors.graft_budget import (
     choice_specs,
     learned_budget,
 )
-from collectors.graft_costs import GraftCosts, measure_costs
-from collectors.graft_eval import BudgetWalker, Round, decode_arm, lossless_gate
-from collectors.latency import LatencyProfile, load_profile, save_profile
-from collectors.plan import load_registered_pair
+from collectors.graft.costs import GraftCosts, measure_costs
+from collectors.graft.edges import RecordingProposer, tree_match
+from collectors.graft.walk import BudgetWalker, Round, decode_arm, lossless_gate
+from collectors.pricing.latency import LatencyProfile, load_profile, save_profile
 from config.params import Params
 from decoder.block_drafter import BlockDrafter, BlockDrafterConfig, BlockDrafterNet, load_block_drafter
 from decoder.block_proposers import CausalLMProposer

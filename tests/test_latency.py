@@ -17,7 +17,9 @@ from conftest import noisy_copy, tiny_model, train_tokenizer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.latency import (
+from collectors.collect.records import RoundRecord
+from collectors.collect.replay import small_frontier
+from collectors.pricing.latency import (
     SCHEMA_VERSION,
     LatencyProfile,
     RoundCounts,
@@ -33,7 +35,7 @@ from collectors.latency import (
     round_parts,
     save_profile,
 )
-from collectors.profile_rounds import (
+from collectors.pricing.profile_rounds import (
     Reference,
     grown,
     prefix_tree,
@@ -41,7 +43,7 @@ from collectors.profile_rounds import (
     reference_context,
     student_like,
 )
-from collectors.profiling import (
+from collectors.pricing.profiling import (
     AR_BURST,
     AR_WARM,
     Job,
@@ -50,8 +52,6 @@ from collectors.profiling import (
     measure_profile,
     robust_medians,
 )
-from collectors.records import RoundRecord
-from collectors.replay import small_frontier
 from config.params import ProfileParams
 from decoder import files
 from decoder.config import DecodeConfig, TreeConfig

@@ -1,6 +1,6 @@
 """glibc keeps freed memory where runtime.keep_freed_memory says so (decoder/memory.py): a churn of
 allocations that faults its pages in again every round under the defaults faults none, in a stage's
-process (pipeline.runtime.apply_runtime) and in its worker processes (collectors.pool.run_tasks)."""
+process (pipeline.runtime.apply_runtime) and in its worker processes (collectors.collect.pool.run_tasks)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from page_faults import faults_of_churn
 
-from collectors.pool import Task, run_tasks
+from collectors.collect.pool import Task, run_tasks
 from config.params import ROOT
 from decoder.memory import MMAP_THRESHOLD_MAX, keep_freed_memory
 

@@ -12,7 +12,7 @@ import pytest
 from test_priced_eval import _cell_of
 from test_scheduler_export import hand_student
 
-from collectors.priced_eval import pair_check
+from collectors.evaluation.priced_eval import pair_check
 from decoder.deployment import variant_name
 from decoder.scheduler import ManifestError
 from models.offline import THRESHOLD_OFFSETS

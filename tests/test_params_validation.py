@@ -213,8 +213,8 @@ def _constant(name: str, modules: tuple[str, ...]) -> Any:
 
 def test_the_enums_match_the_code_that_consumes_them() -> None:
     """config imports nothing of the project, so its copies of the allowed values are checked here."""
-    from collectors.plan import BACKENDS
-    from collectors.report import MODES as COLLECT_MODES
+    from collectors.collect.plan import BACKENDS
+    from collectors.collect.report import MODES as COLLECT_MODES
     from decoder.config import Grafting
     from decoder.models import DTYPES, LINEAR_KERNELS, check_device
     from decoder.templates import TEMPLATES

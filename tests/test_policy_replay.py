@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from conftest import noisy_copy, repeated_prompts, tiny_model
 
-from collectors.policy_replay import replay_policy
-from collectors.replay import Replayer
+from collectors.collect.policy_replay import replay_policy
+from collectors.collect.replay import Replayer
 from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair

@@ -18,12 +18,18 @@ from collect_workspace import build_workspace, merged_bytes, params_for, run_col
 from conftest import save_pair
 from transformers import AutoTokenizer
 
-from collectors import priced_eval
-from collectors.plan import load_registered_pair
-from collectors.pool import Task, TaskError, run_tasks
-from collectors.priced_eval import PricedCell, TargetMemo, priced_cell
-from collectors.priced_tasks import cell_inputs, decode_config, longest_first, priced_cells, target_groups
-from collectors.replay import Replayer
+from collectors.collect.plan import load_registered_pair
+from collectors.collect.pool import Task, TaskError, run_tasks
+from collectors.collect.replay import Replayer
+from collectors.evaluation import priced_eval
+from collectors.evaluation.priced_eval import PricedCell, TargetMemo, priced_cell
+from collectors.evaluation.priced_tasks import (
+    cell_inputs,
+    decode_config,
+    longest_first,
+    priced_cells,
+    target_groups,
+)
 from config.params import ROOT, Params, load_params
 from decoder.policies import FixedSchedule
 from pipeline.evaluate import FIXED_METHODS, _priced_rows
@@ -178,7 +184,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_workers_exit_when_the_parent_is_killed() -> None:
-    code = "import time\nfrom collectors.pool import Task, run_tasks\n"
+    code = "import time\nfrom collectors.collect.pool import Task, run_tasks\n"
     code += "run_tasks(time.sleep, [Task(str(i), (60,)) for i in range(4)], 2, 1)\n"
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     try:

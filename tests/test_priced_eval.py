@@ -10,9 +10,15 @@ from conftest import noisy_copy, tiny_model
 from test_latency import linear_profile
 from test_policy_replay import _prompts
 
-from collectors.execute import execute_prompt
-from collectors.latency import price_ar, price_round
-from collectors.priced_eval import PricedCell, PricedMethod, bootstrap_speedup, pair_check, priced_cell
+from collectors.collect.execute import execute_prompt
+from collectors.evaluation.priced_eval import (
+    PricedCell,
+    PricedMethod,
+    bootstrap_speedup,
+    pair_check,
+    priced_cell,
+)
+from collectors.pricing.latency import price_ar, price_round
 from decoder.config import DecodeConfig
 from decoder.models import make_pair
 from decoder.policies import RuntimeContext

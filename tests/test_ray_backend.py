@@ -14,9 +14,9 @@ from collect_workspace import write_questions
 from conftest import save_pair, train_tokenizer
 from ray import cluster_utils
 
-from collectors import ray_backend
-from collectors.ray_backend import connect, disconnect, read_folder, write_folder
-from collectors.report import write_report
+from collectors.collect import ray_backend
+from collectors.collect.ray_backend import connect, disconnect, read_folder, write_folder
+from collectors.collect.report import write_report
 from config.params import RayParams, load_params
 from pipeline import collect
 from pipeline.cli import stage_params

@@ -1,4 +1,4 @@
-"""A local Ray instance that the project starts (collectors.ray_backend.connect, no address given)
+"""A local Ray instance that the project starts (collectors.collect.ray_backend.connect, no address given)
 listens on loopback only and refuses a caller without Ray's auth token, even where the environment
 asks for no auth or names a cluster (RAY_AUTH_MODE=disabled, RAY_ADDRESS)."""
 
@@ -16,7 +16,7 @@ import pytest
 import ray
 from ray._raylet import AuthenticationTokenLoader
 
-from collectors.ray_backend import LOOPBACK, connect, disconnect
+from collectors.collect.ray_backend import LOOPBACK, connect, disconnect
 from config.params import RayParams
 
 

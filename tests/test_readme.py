@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from collectors.results_text import (
+from collectors.evaluation.results_text import (
     gains_line,
     graft_checks_line,
     half_split_line,

@@ -29,8 +29,8 @@ from collect_workspace import (
     spy_reports,
 )
 
-from collectors.plan import plan_reports, report_inputs
-from collectors.report import MANIFEST, TABLE_NAMES, read_report, write_report
+from collectors.collect.plan import plan_reports, report_inputs
+from collectors.collect.report import MANIFEST, TABLE_NAMES, read_report, write_report
 from config.params import ROOT, Params, deep_merge, load_params
 from features.tables import TableSpec, write_table
 from pipeline.cli import stage_params
@@ -41,7 +41,7 @@ FIRST, SECOND = "tiny__code__0-2", "tiny__chat__0-2"  # plan order: datasets [co
 # test can SIGKILL it while the second report's temporary folder is half-written.
 KILLED_RUN = """
 import json, sys, time
-from collectors import report
+from collectors.collect import report
 from config.params import load_params
 from pipeline import collect
 from pipeline.cli import stage_params
@@ -122,7 +122,7 @@ def test_param_change_recollects_every_report_with_a_warning(workspace, referenc
     params = params_for(workspace, name="changed", max_new_tokens=8)
     reports = copy_reports(reference, params)
     calls = spy_reports(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="collectors.report"):
+    with caplog.at_level(logging.WARNING, logger="collectors.collect.report"):
         run_collect(params)
     assert calls == [FIRST, SECOND]
     warnings = warnings_of(caplog)
@@ -170,7 +170,7 @@ def test_corrupt_report_is_recollected_with_a_warning_naming_the_file(
     corrupt(reports / SECOND / file)
     untouched = {p: t for p, t in report_stamps(params).items() if p.parent.name == FIRST}
     calls = spy_reports(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="collectors.report"):
+    with caplog.at_level(logging.WARNING, logger="collectors.collect.report"):
         run_collect(params)
     assert calls == [SECOND]
     (warning,) = warnings_of(caplog)

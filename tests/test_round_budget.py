@@ -15,9 +15,9 @@ from conftest import noisy_copy, repeated_prompts, tiny_model
 from hypothesis import given, settings
 from test_budget import trees_and_targets
 
-from collectors.budget_sweep import RoundRule, sweep_pair
-from collectors.latency import LatencyProfile
-from collectors.replay import Replayer
+from collectors.collect.replay import Replayer
+from collectors.pricing.budget_sweep import RoundRule, sweep_pair
+from collectors.pricing.latency import LatencyProfile
 from decoder.budget import expected_gains, round_budget, verify_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import autoregressive, generate

@@ -8,8 +8,8 @@ import random
 
 from conftest import noisy_copy, tiny_model
 
-from collectors.execute import execute_prompt
-from collectors.replay import Replayer
+from collectors.collect.execute import execute_prompt
+from collectors.collect.replay import Replayer
 from decoder.config import DecodeConfig
 from decoder.models import make_pair
 from decoder.policies import schedule_bits

@@ -14,10 +14,10 @@ import pytest
 from conftest import noisy_copy, repeated_prompts, tiny_model
 from test_latency import linear_profile
 
-from collectors.execute import execute_prompt
-from collectors.latency import price_round
-from collectors.records import runtime_for
-from collectors.report import ReportSpec, collect_report
+from collectors.collect.execute import execute_prompt
+from collectors.collect.records import runtime_for
+from collectors.collect.report import ReportSpec, collect_report
+from collectors.pricing.latency import price_round
 from config.params import TrainConfig
 from decoder.config import DecodeConfig
 from decoder.generate import generate

@@ -19,9 +19,9 @@ from conftest import noisy_copy, tiny_model
 from test_policy_replay import _prompts
 from test_scheduler_export import student_artifact
 
-from collectors.latency import counts_from_round
-from collectors.policy_replay import replay_policy
-from collectors.replay import Replayer
+from collectors.collect.policy_replay import replay_policy
+from collectors.collect.replay import Replayer
+from collectors.pricing.latency import counts_from_round
 from decoder.artifact import ManifestError
 from decoder.config import DecodeConfig
 from decoder.generate import generate

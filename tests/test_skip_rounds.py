@@ -22,9 +22,9 @@ from test_policy_replay import _prompts
 from test_scheduler_export import student_artifact
 from test_skip_rest import RUNTIME, _ctx, _round_set, _tables
 
-from collectors.latency import counts_from_round
-from collectors.policy_replay import replay_policy
-from collectors.replay import Replayer
+from collectors.collect.policy_replay import replay_policy
+from collectors.collect.replay import Replayer
+from collectors.pricing.latency import counts_from_round
 from decoder.artifact import ManifestError
 from decoder.config import DecodeConfig
 from decoder.generate import generate

@@ -8,7 +8,7 @@ import itertools
 import pyarrow as pa
 import pytest
 
-from collectors.summary import best_stability, half_split, per_report, round_oracle, summarise
+from collectors.collect.summary import best_stability, half_split, per_report, round_oracle, summarise
 
 
 def _trajectories(rows: list[tuple[str, int, float, float]]) -> pa.Table:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors import embedded_data, gsm_runner
-from collectors.embedded_data import (
+from collectors.data import embedded_data, gsm_runner
+from collectors.data.embedded_data import (
     GeneratorOutputError,
     PinError,
     build_gsm,
@@ -192,8 +192,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_data_stage_cannot_load_downloaded_modules() -> None:
-    assert not {"importlib", "runpy", "types"} & _imports(ROOT / "collectors" / "embedded_data.py")
-    tree = ast.parse((ROOT / "collectors" / "embedded_data.py").read_text(encoding="utf-8"))
+    assert not {"importlib", "runpy", "types"} & _imports(ROOT / "collectors" / "data" / "embedded_data.py")
+    tree = ast.parse((ROOT / "collectors" / "data" / "embedded_data.py").read_text(encoding="utf-8"))
     called = {
         n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
         for n in ast.walk(tree)

@@ -12,8 +12,8 @@ from conftest import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.latency import LatencyProfile
-from collectors.round_prices import ProfilePricer
+from collectors.pricing.latency import LatencyProfile
+from collectors.pricing.round_prices import ProfilePricer
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import generate
 from decoder.models import make_pair

@@ -1,4 +1,4 @@
-"""GRAFT's per-task budget choice (collectors/graft_budget.py): best_arm and left_out_speedups on
+"""GRAFT's per-task budget choice (collectors/graft/budget.py): best_arm and left_out_speedups on
 hand-built arm totals, where the right answer is known."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collectors.graft_budget import best_arm, choice_arms, left_out_speedups
+from collectors.graft.budget import best_arm, choice_arms, left_out_speedups
 from decoder.config import BlockBudgetRule
 
 B_MAX = 4

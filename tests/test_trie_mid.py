@@ -8,8 +8,8 @@ import torch
 from conftest import tiny_model
 from transformers import DynamicCache
 
-from collectors.branch_mid import BranchMid, batch_rescore, committed_kv
-from collectors.trie_mid import RoundTrie, TrieBranchMid
+from collectors.collect.branch_mid import BranchMid, batch_rescore, committed_kv
+from collectors.collect.trie_mid import RoundTrie, TrieBranchMid
 from decoder.mid import TreeScores
 from decoder.tensors import causal_block, forward_block
 from decoder.tree import DraftTree

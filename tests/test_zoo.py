@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from collectors.embedded_data import stdlib_files
+from collectors.data.embedded_data import stdlib_files
 from config.params import ModelSpec, Params, load_params
 from decoder.block_drafter import load_block_drafter
 from decoder.checkpoint import DIGEST_FILE, CheckpointError, verify_folder

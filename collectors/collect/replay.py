@@ -1,0 +1,460 @@
+"""Replay mode: all 2^D schedules from every visited round start, without target verification.
+
+Why it is exact at temperature 0: decoding is lossless, so every schedule commits the same text,
+the target's greedy continuation g. A round starting after L committed tokens accepts exactly the
+longest path of its pruned tree that spells g[L:], so no verification forward is needed.
+
+What is shared: g and the target's top-m log-probs at every position are computed once per prompt
+(prompt rows by the same prefill as execute mode; g of a set of prompts in batches by ``warm``, each
+checked against the unbatched target forwards that give its rows, and decoded alone where the check
+fails); the mid drafter's KV of the committed text is computed once per prompt and handed to each
+round start; tree construction is shared between schedules with the same prefix (a depth-first walk
+over the 2^D schedules, branching the tree and the mid drafter's per-round state). The mid drafter
+forwards each distinct token path of a round start once, whichever schedules' trees hold it
+(collectors/collect/trie_mid.py: a node's mid row depends only on the context and its path); every schedule
+is still charged for all the nodes a real decoder would forward for it.
+
+Each schedule's trajectory then walks from start to start (L -> L + A + 1) through the memoised
+outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode. The
+first new token comes from the prefill (decoder/verify.py), so the first round starts after it.
+
+Prompt rows: decoding computes a block of the prompt's top-m rows the first time an n-gram step
+reads a position of it (decoder/verify.py PromptRows). Replay holds every row up front and logs
+which blocks each branch's small steps read (`ReadLog`); a trajectory's round is charged the blocks
+no earlier round of that trajectory read, which is what decoding computes in that round.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from transformers import DynamicCache
+
+from collectors.collect.branch_mid import KV, BranchMid, committed_kv
+from collectors.collect.records import RoundRecord
+from collectors.collect.trie_mid import RoundTrie, TrieBranchMid
+from collectors.pricing.latency import LatencyProfile
+from decoder.batch_greedy import NOT_GREEDY, GreedyCheck, greedy_batch
+from decoder.budget import verify_budget
+from decoder.config import DecodeConfig, TreeConfig
+from decoder.construct import RoundBuilder
+from decoder.generate import generate
+from decoder.mid import TreeScores
+from decoder.models import ModelPair
+from decoder.ngram import NgramDrafter, TargetLogpCache
+from decoder.outcome import first_round_start
+from decoder.policies import BuildState
+from decoder.state import step_signals
+from decoder.tensors import ROW_BLOCK, causal_block, forward_block
+from decoder.tree import ROOT, DraftTree
+from decoder.verify import TargetVerifier, top_logps
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BranchOutcome:
+    """One schedule from one round start."""
+
+    accepted: int
+    verified_nodes: int  # including the root
+    mid_tree_tokens: tuple[int, ...]
+    fed_accepted: int  # accepted nodes whose KV the mid drafter keeps; -1 when it was not called
+    signals: tuple[tuple[float, ...], ...]
+    tree_nodes: int = 0  # live tree nodes before the prune, the root included
+    small_frontier: int | None = None  # frontier nodes the small steps expanded in all
+    prompt_blocks: frozenset[int] = frozenset()  # blocks of the prompt's rows its small steps read
+
+
+class ReadLog(TargetLogpCache):
+    """A score cache holding every row up front that logs the blocks of the prompt's rows read
+    (position // ROW_BLOCK, positions before `prompt_len`): where decoding would compute them."""
+
+    def __init__(self, prompt_len: int) -> None:
+        super().__init__()
+        self.prompt_len = prompt_len
+        self._read: set[int] = set()
+
+    def logp(self, position: int, token: int) -> float:
+        if position < self.prompt_len:
+            self._read.add(position // ROW_BLOCK)
+        return super().logp(position, token)
+
+    def take(self) -> frozenset[int]:
+        """The blocks read since the last take."""
+        out = frozenset(self._read)
+        self._read.clear()
+        return out
+
+
+@dataclass(frozen=True)
+class ReplayInputs:
+    """What every replay of one prompt shares: g, its stop, and the mid drafter's KV of the text."""
+
+    prompt: list[int]
+    text: list[int]  # prompt + greedy continuation (with the deepest tree's margin)
+    limit: int  # tokens to emit (max_new_tokens, or up to the first EOS)
+    mid_kv: DynamicCache | None
+
+    @property
+    def round_tokens(self) -> int:
+        """Tokens the rounds emit: all but the first, which the prefill yields."""
+        return self.limit - 1
+
+
+@dataclass(frozen=True)
+class PromptReplay:
+    rounds: dict[int, list[RoundRecord]]  # schedule id -> the trajectory's rounds
+    n_tokens: dict[int, int]  # tokens the rounds emitted (the prefill's first token excluded)
+    starts: dict[int, list[BranchOutcome]]  # round-table starts: committed length -> all schedules
+    start_lags: dict[int, int] = field(default_factory=dict)  # round-table start -> its mid lag
+    # round-table start -> the prompt-row blocks read before it (by the arrival whose lag it takes)
+    start_blocks: dict[int, frozenset[int]] = field(default_factory=dict)
+
+
+def small_frontier(tree: DraftTree, bits: tuple[bool, ...], width: int, sequential: bool = False) -> int:
+    """Frontier nodes the round's small steps expanded, read off its final tree: step k's pool is
+    the live nodes step k - 1 created (the root before step 1), of which it expands the top `width`
+    (a sequential cascade: always its one tip). Exact with non-destructive grafting (nothing dies)."""
+    if sequential:
+        return len(bits) - sum(bits)
+    created = [0] * (len(bits) + 1)
+    for v, step in enumerate(tree.created_step):
+        if tree.alive[v] and step < len(created):
+            created[step] += 1
+    return sum(min(width, created[k - 1]) for k, mid in enumerate(bits, start=1) if not mid)
+
+
+def arrival_lag(lags: list[int]) -> int:
+    """A round-table start's mid lag: the lower median of the lags (committed tokens the mid
+    drafter's cache lacks) of the schedules whose trajectories arrive there. Different schedules
+    arrive with different lags; the median is one that real trajectories have at this start."""
+    ordered = sorted(lags)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def arrival(walks: list[Walk], start: int) -> Walk:
+    """The arriving trajectory a round-table start is priced after: the first (in the given order)
+    whose lag is `arrival_lag` of them all; its prompt-row blocks are the ones read before the start."""
+    lag = arrival_lag([w.lag_at(start) for w in walks])
+    return next(w for w in walks if w.lag_at(start) == lag)
+
+
+def accepted_along(tree: DraftTree, text: list[int], start: int) -> list[int]:
+    """Nodes of the longest tree path spelling text[start:], root excluded."""
+    path, v, i = [], ROOT, start
+    while i < len(text):
+        child = tree.children[v].get(text[i])
+        if child is None or not tree.alive[child]:
+            break
+        path.append(child)
+        v, i = child, i + 1
+    return path
+
+
+def continuation_decoding(
+    pair: ModelPair, profile: LatencyProfile | None, tree: TreeConfig
+) -> tuple[str, TreeConfig]:
+    """(policy, tree) that decodes a prompt's greedy continuation g. Every lossless decoder yields
+    the same tokens, so this choice sets only the time: the mid drafter's sequential cascade (one
+    chain, D one-token mid calls and a (D + 1)-node verify per round) where, by the pair's latency
+    profile, those D calls cost less than one target forward of the root; All-Small (the n-gram
+    tree, no mid) otherwise, and without a profile. On the embedded zoo the cascade takes 0.6x
+    All-Small's time on the deep targets (target-l, target-chat-l), where it is chosen, and 2x on
+    target-s, where it is not."""
+    if (
+        profile is not None
+        and pair.mid is not None
+        and profile.has_mid
+        and tree.depth * profile.mid_ms(1) < profile.verify_ms(1)
+    ):
+        return "all-mid", replace(tree, sequential=True)
+    return "all-small", tree
+
+
+class Replayer:
+    """Replays all schedules of one pair on one prompt at a time."""
+
+    def __init__(
+        self,
+        pair: ModelPair,
+        config: DecodeConfig,
+        schedules: list[tuple[bool, ...]],
+        round_table_stride: int = 1,
+        profile: LatencyProfile | None = None,
+    ) -> None:
+        """round_table_stride: every k-th visited start of a prompt gets all schedules (the round
+        table); the others only grow the schedule prefixes whose trajectories pass through them.
+        profile: the pair's latency profile, read only to choose how g is decoded
+        (:func:`continuation_decoding`)."""
+        if config.temperature != 0:
+            raise ValueError("replay mode needs temperature 0 (greedy acceptance)")
+        if round_table_stride < 0:
+            raise ValueError(f"round_table_stride must be >= 0, got {round_table_stride}")
+        self.pair, self.config, self.schedules = pair, config, schedules
+        self.stride = round_table_stride
+        self.index = {bits: i for i, bits in enumerate(schedules)}
+        self.depth = config.tree.depth
+        self.g_decoding = continuation_decoding(pair, profile, config.tree)
+        self._warm: dict[tuple[int, ...], list[int]] = {}  # prompt -> its checked batched continuation
+        # (prompt, text) -> the n-gram drafter with the target's rows that warm computed to check it
+        self._rows: dict[tuple[tuple[int, ...], tuple[int, ...]], NgramDrafter] = {}
+
+    def continuation_length(self, prompt: list[int]) -> int:
+        """Tokens of g to decode: max_new_tokens plus a margin for the deepest tree, within the
+        target's context."""
+        cfg = self.config.tree
+        room = self.pair.context_len - len(prompt) - self.config.max_new_tokens
+        return self.config.max_new_tokens + max(0, min(cfg.depth * max(cfg.ngram_chain_len, 1) + 1, room))
+
+    def warm(self, prompts: list[list[int]]) -> None:
+        """Decode the continuations of ``prompts`` in batches (decoder/batch_greedy.py) for
+        :meth:`continuation` to take, with their n-gram drafters for :meth:`ngram_with_rows`. Each
+        is checked against the unbatched target forwards that give its rows (:meth:`rows_and_check`),
+        so the check costs no forward of its own; one that fails (a near-tie the batch broke the
+        other way) is left to :meth:`continuation`'s own decode."""
+        todo = [p for p in dict.fromkeys(tuple(p) for p in prompts) if p not in self._warm]
+        if not todo:
+            return
+        lengths = [self.continuation_length(list(p)) for p in todo]
+        target, vocab = self.pair.target, self.pair.vocab_size
+        for prompt, n, g in zip(todo, lengths, greedy_batch(target, todo, max(lengths), vocab), strict=True):
+            text = [*prompt, *g[:n]]
+            ngram, wrong = self.rows_and_check(list(prompt), text)
+            if wrong is None:
+                self._warm[prompt] = g[:n]
+                self._rows[prompt, tuple(text)] = ngram
+            else:
+                log.warning(NOT_GREEDY, wrong)
+
+    def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
+        """The target's greedy continuation with a margin for the deepest tree (from :meth:`warm`
+        where it was warmed, else decoded now); and its EOS stop."""
+        g = self._warm.pop(tuple(prompt), None)
+        if g is None:
+            free = replace(self.pair, eos_token_ids=())
+            policy, tree = self.g_decoding
+            run = DecodeConfig(self.continuation_length(prompt), 0.0, self.config.seed, tree)
+            g = generate(free, prompt, policy, run, timing=False).new_tokens
+        eos = set(self.pair.eos_token_ids)
+        limit = next((i + 1 for i, t in enumerate(g[: self.config.max_new_tokens]) if t in eos), None)
+        return g, limit or self.config.max_new_tokens
+
+    def inputs(self, prompt: list[int]) -> ReplayInputs:
+        """The continuation g, its stop and the mid drafter's KV: computed once, shared by replays."""
+        g, limit = self.continuation(prompt)
+        text = prompt + g
+        return ReplayInputs(
+            list(prompt), text, limit, self.mid_kv_of(text) if self.pair.mid is not None else None
+        )
+
+    def replay_prompt(self, prompt: list[int], inputs: ReplayInputs | None = None) -> PromptReplay:
+        inputs = inputs or self.inputs(prompt)
+        text, mid_kv = inputs.text, inputs.mid_kv
+        ngram = self.ngram_with_rows(prompt, text)
+        builder = RoundBuilder(self.config.tree, ngram, None, lambda: 0.0)
+        p0 = first_round_start(prompt)
+        ngram.commit(prompt)
+        starts: dict[int, list[BranchOutcome]] = {}
+        left = inputs.round_tokens
+        at: dict[int, list[int]] = {p0: list(range(len(self.schedules)))} if left > 0 else {}
+        state = {s: Walk() for s in range(len(self.schedules))}
+        heap = [p0] if left > 0 else []
+        visited = 0
+        lags: dict[int, int] = {}
+        blocks: dict[int, frozenset[int]] = {}
+        while heap:
+            start = heapq.heappop(heap)
+            ngram.commit(text[len(ngram.index.tokens) : start])
+            context = committed_kv(mid_kv, start - 1) if mid_kv is not None else None
+            full = self.stride > 0 and visited % self.stride == 0
+            needed = None if full else {self.schedules[s] for s in at[start]}
+            outcomes = self._all_schedules(builder, context, text, start, needed)
+            visited += 1
+            if full:
+                starts[start] = outcomes  # type: ignore[assignment]
+                came = arrival([state[s] for s in at[start]], start)
+                lags[start], blocks[start] = came.lag_at(start), frozenset(came.blocks_read)
+            for s in at.pop(start):
+                nxt = state[s].advance(outcomes[s], start, left, self.schedules[s])
+                if nxt is not None:
+                    if nxt not in at:
+                        at[nxt] = []
+                        heapq.heappush(heap, nxt)
+                    at[nxt].append(s)
+        return PromptReplay(
+            {s: w.rounds for s, w in state.items()},
+            {s: w.emitted for s, w in state.items()},
+            starts,
+            lags,
+            blocks,
+        )
+
+    def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
+        """An n-gram drafter whose score cache holds the target's rows for every position and logs
+        the prompt-row blocks read (`ReadLog`): the one :meth:`warm` made for this text, once, else
+        computed now."""
+        warmed = self._rows.pop((tuple(prompt), tuple(text)), None)
+        return warmed if warmed is not None else self.rows_and_check(prompt, text)[0]
+
+    def rows_and_check(self, prompt: list[int], text: list[int]) -> tuple[NgramDrafter, int | None]:
+        """The n-gram drafter of :meth:`ngram_with_rows`, from the prompt's prefill (as execute mode
+        computes it) and one forward of the rest of the text but its last token; and the first
+        token of the text after the prompt that is not the target's greedy choice in those forwards
+        (None when every one is)."""
+        cfg = self.config.tree
+        vocab = self.pair.vocab_size
+        verifier = TargetVerifier(self.pair.target, vocab, cfg.topk)
+        prefill = verifier.prefill(prompt)
+        start = len(prompt)
+        logits = forward_block(self.pair.target, verifier.cache, causal_block(text[start:-1], start, start))
+        tail = top_logps(logits[:, :vocab], cfg.topk, start)
+        ngram = NgramDrafter.for_tree(cfg)
+        ngram.cache = ReadLog(len(prompt))
+        for rows in (prefill.top, tail):
+            ngram.cache.set_rows(rows.start, rows.tokens, rows.logps)
+        greedy = [int(prefill.logits[:vocab].argmax()), *logits[:, :vocab].argmax(-1).tolist()]
+        return ngram, GreedyCheck(text[start:], greedy, None).wrong
+
+    def mid_kv_of(self, text: list[int]) -> DynamicCache:
+        cache = DynamicCache()
+        forward_block(self.pair.mid, cache, causal_block(text[:-1], 0, 0))
+        return cache
+
+    def _all_schedules(
+        self,
+        builder: RoundBuilder,
+        context: KV | None,
+        text: list[int],
+        start: int,
+        needed: set[tuple[bool, ...]] | None = None,
+    ) -> list[BranchOutcome | None]:
+        """Grow the schedules' trees level by level (all, or only the prefixes of `needed`);
+        the mid steps of one level share a forward of the paths new to the round's trie.
+        Schedules not grown get None."""
+        prefixes = None if needed is None else {b[:k] for b in needed for k in range(len(b) + 1)}
+        committed = text[:start]
+        width = self.config.tree.width
+        log = read_log(builder)
+        log.take()
+        level = [Branch((), builder.new_state(committed), TrieBranchMid(TreeScores()), (), ())]
+        trie = None if context is None else RoundTrie(self.pair.mid, self.pair.vocab_size, context, start - 1)
+        for k in range(1, self.depth + 1):
+            nxt, invoking = [], []
+            for b in level:
+                sig = (*b.signals, step_signals(b.state, width))
+                if prefixes is None or (*b.bits, False) in prefixes:
+                    small = b.state.copy()
+                    builder.small_step(small, committed, k)
+                    read = b.blocks | log.take()
+                    nxt.append(Branch((*b.bits, False), small, b.mid, b.calls, sig, read))
+                if context is not None and (prefixes is None or (*b.bits, True) in prefixes):
+                    mid = b.mid.copy()
+                    invoking.append(Branch((*b.bits, True), b.state.copy(), mid, b.calls, sig, b.blocks))
+            if invoking:
+                assert trie is not None
+                trie.rescore([(b.state.tree, b.mid) for b in invoking])
+            for b in invoking:
+                rec = builder.mid_step(b.state, committed, k, b.mid)
+                calls = (*b.calls, rec.mid_tree_tokens)
+                nxt.append(Branch(b.bits, b.state, b.mid, calls, b.signals, b.blocks | log.take()))
+            level = nxt
+        out: list[BranchOutcome | None] = [None] * len(self.schedules)
+        for b in level:
+            if b.bits in self.index:
+                out[self.index[b.bits]] = self.finish(b, text, start)
+        want = self.schedules if needed is None else needed
+        missing = [bits for bits in want if out[self.index[bits]] is None]
+        if missing:
+            raise ValueError(f"schedules {missing[:3]} need a mid drafter but the pair has none")
+        return out
+
+    def finish(self, b: Branch, text: list[int], start: int) -> BranchOutcome:
+        pruned = b.state.tree.prune(verify_budget(b.state.tree, self.config.tree))
+        accepted = [int(pruned.source[a]) for a in accepted_along(pruned.tree, text, start)]
+        fed = b.mid_fed(accepted)
+        cfg = self.config.tree
+        frontier = small_frontier(b.state.tree, b.bits, cfg.width, cfg.sequential)
+        return BranchOutcome(
+            len(accepted), len(pruned.tree), b.calls, fed, b.signals, b.state.tree.n_alive, frontier, b.blocks
+        )
+
+
+def read_log(builder: RoundBuilder) -> ReadLog:
+    """The builder's n-gram score cache, which replay makes a ReadLog (Replayer.ngram_with_rows)."""
+    log = builder.ngram.cache
+    if not isinstance(log, ReadLog):
+        raise TypeError("replay's n-gram drafter must come from Replayer.ngram_with_rows (a ReadLog cache)")
+    return log
+
+
+@dataclass(frozen=True)
+class Branch:
+    bits: tuple[bool, ...]
+    state: BuildState
+    mid: BranchMid
+    calls: tuple[int, ...]  # tree nodes forwarded per mid call so far
+    signals: tuple[tuple[float, ...], ...]
+    blocks: frozenset[int] = frozenset()  # blocks of the prompt's rows its small steps read so far
+
+    def mid_fed(self, accepted: Sequence[int]) -> int:
+        """How many leading ``accepted`` tree nodes the mid drafter fed (it keeps their KV); -1
+        when it was not called this round."""
+        if not self.calls:
+            return -1
+        fed = 0
+        while fed < len(accepted) and accepted[fed] in self.mid.scores.row:
+            fed += 1
+        return fed
+
+
+@dataclass
+class Walk:
+    """One schedule's trajectory through the round starts, with execute mode's accounting."""
+
+    emitted: int = 0  # tokens its rounds emitted (``limit`` in advance counts these only)
+    mid_committed: int = 0  # committed tokens the mid drafter's cache would hold in execute mode
+    rounds: list[RoundRecord] = field(default_factory=list)
+    blocks_read: set[int] = field(default_factory=set)  # prompt-row blocks its rounds computed
+
+    def lag_at(self, start: int) -> int:
+        """Committed tokens (root excluded) the mid drafter's cache lacks at round start `start`."""
+        return (start - 1) - self.mid_committed
+
+    def advance(
+        self,
+        o: BranchOutcome,
+        start: int,
+        limit: int,
+        bits: tuple[bool, ...],
+        decisions: int | None = None,
+    ) -> int | None:
+        """Record the round (``decisions``: the scheduler's, when it took fewer than one per step)."""
+        take = min(o.accepted + 1, limit - self.emitted)
+        catch_up, lag = 0, self.lag_at(start)
+        fresh = o.prompt_blocks - self.blocks_read  # computed this round: read by no earlier round
+        self.blocks_read |= fresh
+        if o.mid_tree_tokens:
+            catch_up = (start - 1) - self.mid_committed
+            self.mid_committed = start + o.fed_accepted
+        self.rounds.append(
+            RoundRecord(
+                accepted=min(o.accepted, take),
+                emitted=take,
+                verified_nodes=o.verified_nodes,
+                mid_tree_tokens=o.mid_tree_tokens,
+                mid_catch_up=catch_up,
+                small_steps=len(bits) - sum(bits),
+                signals=o.signals,
+                tree_nodes=o.tree_nodes,
+                small_frontier=o.small_frontier,
+                mid_lag=lag,
+                decisions=decisions,
+                prompt_blocks=len(fresh),
+            )
+        )
+        self.emitted += take
+        return None if self.emitted >= limit else start + o.accepted + 1

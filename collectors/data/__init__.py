@@ -1,0 +1,1 @@
+"""Data: the embedded default's datasets from pinned packages, and question files."""

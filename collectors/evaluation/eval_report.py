@@ -1,0 +1,303 @@
+"""Tables, summary numbers and plots of the evaluate stage, from its result rows (pure functions).
+
+Each result row is one method on one (pair, dataset) cell, with `is_held_out_pair` and
+`is_held_out_task`. The primary number is ``priced_speedup`` (exact replay counts x the latency
+profile, every method, with ``priced_ci_low``/``priced_ci_high``); ``speedup`` is wall clock, for
+the methods decoded for real (null otherwise), with ``wall_ci_low``/``wall_ci_high`` and
+``wall_priced_speedup`` (the same real runs' counts priced: the pricing check; with
+``wall_beside_priced_speedup``, priced with the pair profiled again next to those runs). The student's gain is
+measured against the better of the two fixed endpoints (All-Small, All-Mid) on the same cell, as in
+the paper, and against the best fixed schedule in hindsight; so is the ``deployed`` row's (per pair,
+the student at the pair's threshold or the better endpoint, whichever the pair check on calibration
+prompts chose, named in ``deployed_as``: a copy of that method's row, or the shifted student's own).
+Rows become one polars frame (a later row of the same cell and method replaces an earlier one);
+grouping and means are polars expressions.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from collectors.evaluation.plots import new_figure
+
+MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", "value-planner", "student", "deployed")
+LEARNED = ("student", "deployed")  # the rows whose gains are reported
+ABLATIONS = ("full", "no-eg", "overwrite", "cascade")
+CELL = ("pair_id", "dataset_id")
+
+_HELD_PAIR, _HELD_TASK = pl.col("is_held_out_pair"), pl.col("is_held_out_task")
+GROUP = (
+    pl.when(_HELD_PAIR & _HELD_TASK)
+    .then(pl.lit("held-out pair and task"))
+    .when(_HELD_PAIR)
+    .then(pl.lit("held-out pair"))
+    .when(_HELD_TASK)
+    .then(pl.lit("held-out task"))
+    .otherwise(pl.lit("fitting"))
+)
+
+
+# The columns these functions read (the schema of an empty frame).
+_COLUMNS = {
+    **dict.fromkeys(("pair_id", "dataset_id", "method"), pl.String),
+    **dict.fromkeys(("is_held_out_pair", "is_held_out_task"), pl.Boolean),
+    **dict.fromkeys(
+        ("speedup", "priced_speedup", "mean_accepted_length", "mid_pool_mean", "historical_pick_share"),
+        pl.Float64,
+    ),
+    "mid_calls_per_step": pl.List(pl.Float64),
+}
+
+
+def result_frame(rows: list[dict]) -> pl.DataFrame:
+    """The result rows in their order, one per (cell, method), with each row's ``group``."""
+    frame = pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame(schema=_COLUMNS)
+    return frame.unique([*CELL, "method"], keep="last", maintain_order=True).with_columns(group=GROUP)
+
+
+def _of(method: str, expr: pl.Expr) -> pl.Expr:
+    return expr.filter(pl.col("method") == method).last()
+
+
+def cell_frame(rows: list[dict], key: str = "speedup", learned: str = "student") -> pl.DataFrame:
+    """One row per cell that has a ``learned`` row (the student, or the deployed row), in first-seen
+    order: the endpoints' and its ``key`` (``value_*``; ``value_student`` is the learned row's), its
+    group, the cell's first row's group (``sort_group``), each main method's (key, mean accepted
+    length) and the gain."""
+    return (
+        result_frame(rows)
+        .group_by(CELL, maintain_order=True)
+        .agg(
+            value_small=_of("all-small", pl.col(key)),
+            value_mid=_of("all-mid", pl.col(key)),
+            value_student=_of(learned, pl.col(key)),
+            value_best_fixed=_of("best-fixed", pl.col(key)),
+            group=_of(learned, pl.col("group")),
+            sort_group=pl.col("group").first(),
+            **{m: _of(m, pl.struct(key, "mean_accepted_length")) for m in MAIN_METHODS},
+        )
+        .filter(pl.col("value_student").is_not_null())
+        .with_columns(
+            gain=pl.col("value_student") / pl.max_horizontal("value_small", "value_mid"),
+            gain_best_fixed=pl.col("value_student") / pl.col("value_best_fixed"),
+        )
+    )
+
+
+def student_gains(rows: list[dict], key: str = "speedup") -> dict[str, list[float]]:
+    """Student / better endpoint, per group of cells."""
+    per_group = cell_frame(rows, key).group_by("group", maintain_order=True).agg("gain")
+    return dict(per_group.iter_rows())
+
+
+def metric_prefix(key: str, learned: str = "student") -> str:
+    """The summary metrics' key prefix of a learned row's gains: ``priced_speedup.`` for the
+    student, ``deployed.priced_speedup.`` for the deployed row."""
+    return f"{key}." if learned == "student" else f"{learned}.{key}."
+
+
+def summary_metrics(rows: list[dict]) -> dict:
+    out = {}
+    for key, learned in ((k, m) for m in LEARNED for k in ("speedup", "priced_speedup")):
+        stats = (
+            cell_frame(rows, key, learned)
+            .group_by("group", maintain_order=True)
+            .agg(
+                student_gain_mean=pl.col("gain").mean(),
+                student_gain_best=pl.col("gain").max(),
+                student_gain_worst=pl.col("gain").min(),
+                # share of cells where the student is at least the best fixed schedule in hindsight
+                student_at_least_best_fixed=(pl.col("gain_best_fixed") >= 1.0).mean(),
+                n_cells=pl.len(),
+            )
+        )
+        for s in stats.iter_rows(named=True):
+            out[metric_prefix(key, learned) + s.pop("group").replace(" ", "_")] = s
+    for key in ("speedup", "priced_speedup"):
+        means = dict(
+            result_frame(rows)
+            .filter(pl.col("method").is_in(MAIN_METHODS) & pl.col(key).is_not_null())
+            .group_by("method")
+            .agg(pl.col(key).mean())
+            .iter_rows()
+        )
+        if means:
+            out[f"mean_{key}"] = {m: means[m] for m in MAIN_METHODS if m in means}
+    return out
+
+
+def main_table(rows: list[dict], key: str = "priced_speedup") -> str:
+    """Markdown: one line per cell, speedup over AR (mean accepted length) per method, the
+    student's 95% interval and its gain over the better endpoint and over the best fixed schedule,
+    and the deployed row's gain over the better endpoint."""
+    head = (
+        "| pair | dataset | group | " + " | ".join(MAIN_METHODS)
+        + " | student 95% CI | vs better end | vs best fixed | deployed vs better end |"
+    )  # fmt: skip
+    lines = [head, "|" + "---|" * (len(MAIN_METHODS) + 7)]
+    deployed = {
+        (c["pair_id"], c["dataset_id"]): c["gain"]
+        for c in cell_frame(rows, key, "deployed").iter_rows(named=True)
+    }
+    low, high = (
+        ("priced_ci_low", "priced_ci_high") if key == "priced_speedup" else ("wall_ci_low", "wall_ci_high")
+    )
+    ci = {
+        (r["pair_id"], r["dataset_id"]): (r.get(low), r.get(high)) for r in rows if r["method"] == "student"
+    }
+    for c in cell_frame(rows, key).sort("sort_group", *CELL).iter_rows(named=True):
+        vals = [_cell(c[m], key) for m in MAIN_METHODS]
+        lo, hi = ci.get((c["pair_id"], c["dataset_id"]), (None, None))
+        interval = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "-"
+        vs_best = f"{c['gain_best_fixed'] - 1:+.1%}" if c["gain_best_fixed"] is not None else "-"
+        gain_deployed = deployed.get((c["pair_id"], c["dataset_id"]))
+        vs_deployed = f"{gain_deployed - 1:+.1%}" if gain_deployed is not None else "-"
+        lines.append(
+            f"| {c['pair_id']} | {c['dataset_id']} | {c['group']} | "
+            + " | ".join(vals)
+            + f" | {interval} | {c['gain'] - 1:+.1%} | {vs_best} | {vs_deployed} |"
+        )
+    return "\n".join(lines)
+
+
+def _cell(row: dict | None, key: str) -> str:
+    return f"{row[key]:.2f}x ({row['mean_accepted_length']:.2f})" if row and row[key] is not None else "-"
+
+
+def _decoded(frame: pl.DataFrame) -> pl.DataFrame:
+    """The rows of methods decoded for real under their own name: a ``deployed`` row counts only
+    where its pair decoded it (``wall_of`` == "deployed", a shifted threshold), not as a copy."""
+    own = pl.col("method") != "deployed"
+    if "wall_of" in frame.columns:
+        own = own | (pl.col("wall_of") == pl.col("method"))
+    keep = pl.col("method").is_in(MAIN_METHODS) & own & pl.col("speedup").is_not_null()
+    order = {m: i for i, m in enumerate(MAIN_METHODS)}
+    rank = pl.col("method").replace_strict(order, default=len(MAIN_METHODS))
+    return frame.filter(keep).sort("group", *CELL, rank)
+
+
+def _ratio(r: dict, key: str) -> str:
+    return f"{r[key] / r['wall_decode_speedup']:.2f}" if r.get(key) is not None else "-"
+
+
+def wall_table(rows: list[dict]) -> str:
+    """Markdown: the methods decoded for real, wall-clock speedup with its 95% interval beside the
+    same runs priced (their counts x the profile): the check that the pricing matches the clock,
+    with the pair's stage profile (the prices the scheduler was trained with) and, where measured,
+    with the pair profiled again just before these decodes (``beside``: the cost model on the
+    machine as it ran). The deployed rows that copy a decoded method's row are left out."""
+    head = (
+        "| pair | dataset | method | prompts | wall clock | 95% CI | wall, decoding only "
+        "| priced, same runs | priced / wall decoding | re-profiled: priced / wall decoding |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+    frame = result_frame(rows)
+    if "wall_priced_speedup" not in frame.columns:
+        return "\n".join(lines)
+    for r in _decoded(frame).iter_rows(named=True):
+        lines.append(
+            f"| {r['pair_id']} | {r['dataset_id']} | {r['method']} | {r['wall_n_prompts']} | "
+            f"{r['speedup']:.2f}x | [{r['wall_ci_low']:.2f}, {r['wall_ci_high']:.2f}] | "
+            f"{r['wall_decode_speedup']:.2f}x | {r['wall_priced_speedup']:.2f}x | "
+            f"{_ratio(r, 'wall_priced_speedup')} | {_ratio(r, 'wall_beside_priced_speedup')} |"
+        )
+    return "\n".join(lines)
+
+
+AGREEMENT = (0.90, 1.10)  # the issue's band for priced / measured
+
+
+def pricing_agreement(rows: list[dict]) -> dict[str, dict]:
+    """Priced over wall-clock decoding speedup on the rows decoded for real, per profile: ``stage``
+    (the profile stage's, the prices of every table) and ``beside`` (the pair profiled again just
+    before its decodes; only where measured): how many rows, how many within AGREEMENT, the lowest,
+    median and highest ratio."""
+    frame = result_frame(rows)
+    out: dict[str, dict] = {}
+    for name, key in (("stage", "wall_priced_speedup"), ("beside", "wall_beside_priced_speedup")):
+        if key not in frame.columns:
+            continue
+        priced = _decoded(frame).filter(pl.col(key).is_not_null())
+        ratio = (priced[key] / priced["wall_decode_speedup"]).alias("ratio")
+        if ratio.len():
+            out[name] = {
+                "rows": ratio.len(),
+                "within": int(ratio.is_between(*AGREEMENT).sum()),
+                "min": ratio.min(),
+                "median": ratio.median(),
+                "max": ratio.max(),
+            }
+    return out
+
+
+def ablation_table(rows: list[dict]) -> str:
+    head = "| pair | dataset | method | speedup | A | mid pool (nodes) | historical picks |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    rank = pl.col("method").replace_strict({m: i for i, m in enumerate(ABLATIONS)}, return_dtype=pl.Int64)
+    table = result_frame(rows).filter(pl.col("method").is_in(ABLATIONS)).sort(*CELL, rank)
+    for r in table.iter_rows(named=True):
+        lines.append(
+            f"| {r['pair_id']} | {r['dataset_id']} | {r['method']} | {r['speedup']:.2f}x | "
+            f"{r['mean_accepted_length']:.2f} | {r['mid_pool_mean']:.1f} | {r['historical_pick_share']:.1%} |"
+        )
+    return "\n".join(lines)
+
+
+def speedup_plot(rows: list[dict], path) -> object:
+    """Grouped bars: priced speedup per method, one group per pair (averaged over datasets)."""
+    means = (
+        result_frame(rows)
+        .filter(pl.col("method").is_in(MAIN_METHODS))
+        .group_by("pair_id", "method")
+        .agg(pl.col("priced_speedup").mean())
+    )
+    height = {(p, m): s for p, m, s in means.iter_rows()}
+    pairs = sorted({p for p, _ in height})
+    fig, ax = new_figure(8, 4)
+    width = 0.8 / len(MAIN_METHODS)
+    for i, m in enumerate(MAIN_METHODS):
+        heights = [height.get((p, m), 0) for p in pairs]
+        ax.bar([p + i * width for p in range(len(pairs))], heights, width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([p + 0.4 - width / 2 for p in range(len(pairs))], pairs)
+    ax.set_ylabel("speedup over autoregressive (priced)")
+    ax.legend(fontsize=7, ncols=3)
+    fig.savefig(path, dpi=120)
+    return fig
+
+
+def calls_plot(rows: list[dict], depth: int, path) -> object:
+    """The student's mid-call rate at each drafting step, one line per pair."""
+    rates = (
+        result_frame(rows)
+        .filter(pl.col("method") == "student")
+        .group_by("pair_id")
+        .agg(pl.concat_list([pl.col("mid_calls_per_step").list.get(k).mean() for k in range(depth)]))
+        .sort("pair_id")
+    )
+    fig, ax = new_figure(6, 4)
+    for pair, per_step in rates.iter_rows():
+        ax.plot(range(1, depth + 1), per_step, marker="o", label=pair)
+    ax.set_xlabel("drafting step k")
+    ax.set_ylabel("share of rounds calling the mid drafter")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend()
+    fig.savefig(path, dpi=120)
+    return fig
+
+
+def plot_rows(rows: list[dict], depth: int) -> tuple[list[dict], list[dict]]:
+    """CSV rows for `dvc plots`: speedup per (pair, dataset, method); student calls per step."""
+    frame = result_frame(rows).with_columns(cell=pl.format("{}/{}", *CELL))
+    speed = frame.select("cell", "method", "priced_speedup", "speedup").to_dicts()
+    calls = (
+        frame.filter(pl.col("method") == "student")
+        .select(
+            "cell",
+            step=pl.int_ranges(1, depth + 1),
+            mid_call_rate=pl.col("mid_calls_per_step").list.head(depth),
+        )
+        .explode("step", "mid_call_rate")
+        .to_dicts()
+    )
+    return speed, calls

@@ -1,0 +1,271 @@
+"""Priced evaluation of one (pair, dataset) cell by replay: exact counts x the pair's latency profile.
+
+Contract: every method runs on the same held-back prompts. Per prompt the target's greedy
+continuation is computed once (``Replayer.inputs``); all 2^D fixed schedules (only the named ones
+where no best fixed schedule in hindsight is asked for: the pair check) come from one
+all-schedules replay and each learned policy from ``collectors.collect.policy_replay`` (exact at temperature
+0, checked against real decoding in tests/test_policy_replay.py). A method's priced time per prompt
+is the sum of its priced rounds; fixed schedules make no decisions at run time, so they pay no
+scheduler cost. Autoregressive decoding is priced as n_tokens one-token steps.
+
+What depends only on the target is computed once per prompt and shared (``TargetMemo``): the
+continuation g with its stop, and the n-gram drafter holding the target's rows, which the
+all-schedules replay and every policy replay would otherwise each recompute (a prefill and a block
+forward of the text). A memo passed to several cells whose pairs share the target (zoo-l and zoo-lw)
+serves all of them; the mid drafter's KV is the pair's own and is never shared.
+
+The speedup over AR is a ratio of sums over prompts (every method emits the same tokens); its 95%
+interval is a bootstrap over prompts (the same resamples for every method). The best fixed schedule
+in hindsight is the argmax of priced tokens/s over the 2^D schedules on these very prompts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from collectors.collect.policy_replay import replay_policy
+from collectors.collect.records import RoundRecord, bits_text
+from collectors.collect.replay import Replayer
+from collectors.pricing.latency import LatencyProfile, price_ar, price_round
+from decoder.config import DecodeConfig
+from decoder.models import ModelPair
+from decoder.ngram import NgramDrafter
+from decoder.policies import FixedSchedule, RuntimeContext, parse_policy, schedule_bits
+
+FIXED = {"all-small": "00000", "all-mid": "11111"}
+
+
+@dataclass(frozen=True)
+class PricedMethod:
+    """One method over a prompt set: per-prompt priced ms and tokens, and its rounds' statistics."""
+
+    name: str
+    schedule: str  # bit string for a fixed schedule, "" for a learned policy
+    ms: np.ndarray  # (n_prompts,) priced decoding ms
+    tokens: np.ndarray  # (n_prompts,) tokens emitted
+    accepted: float  # mean accepted drafted tokens per round
+    mid_calls_per_step: tuple[float, ...]  # share of rounds calling the mid drafter at step k
+
+
+Replayed = tuple[list[RoundRecord], int, list[tuple[bool, ...]]]  # rounds, tokens, bits per round
+
+
+def _priced(
+    name: str, schedule: str, per_prompt: Sequence[Replayed], profile, decisions: bool
+) -> PricedMethod:
+    ms, tokens, rounds, bits = [], [], [], []
+    for recs, n, round_bits in per_prompt:
+        counts = [r.counts() if decisions else replace(r.counts(), decisions=0) for r in recs]
+        ms.append(sum(price_round(profile, c) for c in counts))
+        tokens.append(n)
+        rounds += recs
+        bits += round_bits
+    per_step = np.mean(np.asarray(bits, dtype=float), axis=0) if bits else np.zeros(0)
+    return PricedMethod(
+        name,
+        schedule,
+        np.asarray(ms, dtype=float),
+        np.asarray(tokens, dtype=float),
+        float(np.mean([r.accepted for r in rounds])) if rounds else 0.0,
+        tuple(float(x) for x in per_step),
+    )
+
+
+def bootstrap_speedup(
+    ar_ms: np.ndarray, ms: np.ndarray, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(point, low, high): sum(ar_ms) / sum(ms) and its 95% percentile bootstrap over prompts."""
+    point = float(ar_ms.sum() / ms.sum())
+    if len(ms) < 2:
+        return point, point, point
+    idx = np.random.default_rng(seed).integers(0, len(ms), size=(n_boot, len(ms)))
+    boot = ar_ms[idx].sum(axis=1) / ms[idx].sum(axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return point, float(low), float(high)
+
+
+@dataclass
+class TargetMemo:
+    """Per prompt, what depends only on the target: g and its stop, the drafter with the target's
+    rows (kept unused: every replay gets a copy). Serves one target (weights, dtype, device)."""
+
+    owner: tuple | None = None
+    continuations: dict[tuple, tuple[list[int], int]] = field(default_factory=dict)
+    rows: dict[tuple, NgramDrafter] = field(default_factory=dict)
+
+    def check(self, pair: ModelPair) -> None:
+        t = pair.target
+        owner = (getattr(t.config, "_name_or_path", "") or id(t), str(t.dtype), str(t.device))
+        if self.owner is None:
+            self.owner = owner
+        elif self.owner != owner:
+            raise ValueError(f"a TargetMemo of target {self.owner} was handed target {owner}")
+
+
+class MemoReplayer(Replayer):
+    """A Replayer that takes g and the target's rows from a TargetMemo, computing each once."""
+
+    def __init__(
+        self,
+        pair: ModelPair,
+        config: DecodeConfig,
+        schedules,
+        memo: TargetMemo,
+        round_table_stride: int = 0,
+        profile: LatencyProfile | None = None,
+    ) -> None:
+        super().__init__(pair, config, schedules, round_table_stride, profile)
+        memo.check(pair)
+        self.memo = memo
+        # g and the rows do not depend on the verification budget (lossless decoding commits the
+        # target's greedy tokens whatever tree it verifies): pairs of one target share them.
+        self._facts = (pair.eos_token_ids, pair.context_len, pair.vocab_size,
+                       replace(config, tree=replace(config.tree, budget=1)))  # fmt: skip
+
+    def warm(self, prompts: list[list[int]]) -> None:
+        """Replayer.warm for the prompts whose g the memo does not hold yet."""
+        super().warm([p for p in prompts if (tuple(p), self._facts) not in self.memo.continuations])
+
+    def continuation(self, prompt: list[int]) -> tuple[list[int], int]:
+        key = (tuple(prompt), self._facts)
+        if key not in self.memo.continuations:
+            self.memo.continuations[key] = super().continuation(prompt)
+        g, limit = self.memo.continuations[key]
+        return list(g), limit
+
+    def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
+        key = (tuple(prompt), tuple(text), self._facts)
+        if key not in self.memo.rows:
+            self.memo.rows[key] = super().ngram_with_rows(prompt, text)
+        return copy.deepcopy(self.memo.rows[key])
+
+
+@dataclass(frozen=True)
+class PricedCell:
+    ar_ms: np.ndarray
+    tokens: np.ndarray
+    methods: dict[str, PricedMethod]
+    best_fixed: str  # bit string of the best fixed schedule in hindsight ("" when not replayed)
+
+    def speedups(self, n_boot: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
+        return {n: bootstrap_speedup(self.ar_ms, m.ms, n_boot, seed) for n, m in self.methods.items()}
+
+
+def _fixed_schedules(fixed: dict[str, str], depth: int) -> dict[str, FixedSchedule]:
+    """Each fixed method's schedule (decoder.policies.parse_policy: bit strings, 'all-small',
+    'all-mid'); a ValueError names a method that is not a fixed schedule."""
+    out = {}
+    for name, policy in fixed.items():
+        parsed = parse_policy(policy, depth)
+        if not isinstance(parsed, FixedSchedule):
+            raise ValueError(f"fixed method {name!r}: {policy!r} is not a fixed schedule")
+        out[name] = parsed
+    return out
+
+
+def priced_cell(
+    pair: ModelPair,
+    prompts: list[list[int]],
+    config: DecodeConfig,
+    profile: LatencyProfile,
+    runtime: RuntimeContext | Sequence[RuntimeContext],
+    policies: dict[str, Callable],
+    fixed: dict[str, str],
+    progress: Callable[[], None] | None = None,
+    memo: TargetMemo | None = None,
+    hindsight: bool = True,
+) -> PricedCell:
+    """Replay the fixed schedules and every policy on every prompt; price them with the profile.
+
+    ``runtime``: the learned policies' runtime context, one for all prompts or one per prompt.
+
+    ``fixed``: method name -> bit string; ``policies``: method name -> scheduler; ``memo``: shared
+    with the other cells of this target (default: this cell's own). ``hindsight``: replay all 2^D
+    schedules and add the best one on these prompts as "best-fixed"; without it only the schedules
+    of ``fixed`` are replayed (each schedule's rounds are the same either way: a walk depends on its
+    own bits only) and ``best_fixed`` is "".
+    """
+    depth = config.tree.depth
+    named = _fixed_schedules(fixed, depth)
+    if hindsight:
+        schedules = [schedule_bits(s, depth) for s in range(2**depth)]
+    else:
+        schedules = list(dict.fromkeys(p.bits for p in named.values()))
+    replayer = MemoReplayer(pair, config, schedules, TargetMemo() if memo is None else memo, profile=profile)
+    per_schedule: list[list[Replayed]] = [[] for _ in schedules]
+    per_policy: dict[str, list[Replayed]] = {n: [] for n in policies}
+    ar_ms, tokens = [], []
+    runtimes = list(runtime) if isinstance(runtime, Sequence) else [runtime] * len(prompts)
+    if len(runtimes) != len(prompts):
+        raise ValueError(f"{len(runtimes)} runtime contexts for {len(prompts)} prompts")
+    replayer.warm(prompts)
+    for prompt, rt in zip(prompts, runtimes, strict=True):
+        inputs = replayer.inputs(prompt)
+        rep = replayer.replay_prompt(prompt, inputs)
+        for s in range(len(schedules)):
+            per_schedule[s].append((rep.rounds[s], rep.n_tokens[s], [schedules[s]] * len(rep.rounds[s])))
+        for name, policy in policies.items():
+            traj = replay_policy(replayer, inputs, policy, rt)
+            per_policy[name].append((traj.rounds, traj.n_tokens, traj.bits))
+        emitted = {rep.n_tokens[s] for s in range(len(schedules))} | {v[-1][1] for v in per_policy.values()}
+        if emitted != {inputs.round_tokens}:
+            raise RuntimeError(
+                f"replays emitted {sorted(emitted)} tokens, expected {inputs.round_tokens} for every method"
+            )
+        tokens.append(inputs.round_tokens)  # both sides get the first token from the prefill
+        ar_ms.append(price_ar(profile, inputs.round_tokens))
+        if progress is not None:
+            progress()
+    all_fixed = [
+        _priced(bits_text(b), bits_text(b), per_schedule[s], profile, False) for s, b in enumerate(schedules)
+    ]
+    by_text = {m.schedule: m for m in all_fixed}
+    methods = {name: replace(by_text[p.text], name=name) for name, p in named.items()}
+    best_fixed = ""
+    if hindsight:
+        rate = [m.tokens.sum() / m.ms.sum() for m in all_fixed]
+        best = max(range(len(all_fixed)), key=lambda s: (rate[s], -s))
+        methods["best-fixed"] = replace(all_fixed[best], name="best-fixed")
+        best_fixed = all_fixed[best].schedule
+    methods |= {n: _priced(n, "", per_policy[n], profile, True) for n in policies}
+    return PricedCell(np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float), methods, best_fixed)
+
+
+ENDPOINTS = ("all-small", "all-mid")
+
+
+def pooled_speedups(cells: Sequence[PricedCell], methods: Sequence[str]) -> dict[str, float]:
+    """Per method, the speedup over AR pooled over the cells: every prompt's AR ms summed over the
+    method's ms summed (so a long prompt weighs as much as its time)."""
+    ar = sum(float(c.ar_ms.sum()) for c in cells)
+    return {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in methods}
+
+
+def fastest(speedup: Mapping[str, float], methods: Sequence[str]) -> str:
+    """The method of ``methods`` with the highest ``speedup``; the first listed among equals."""
+    if not methods:
+        raise ValueError("fastest: no methods")
+    return max(methods, key=lambda m: (speedup[m], -methods.index(m)))
+
+
+def pair_check(cells: Sequence[PricedCell], learned: Sequence[str] = ("student",)) -> dict:
+    """Which method a pair deploys: the fastest of the ``learned`` policies (the first listed among
+    equals) where, over the pair's calibration cells pooled (sum of AR ms over sum of the method's
+    ms, every prompt of every cell), it prices strictly faster than the better of All-Small and
+    All-Mid; that endpoint otherwise (when unsure, skip: a tie goes to the fixed schedule, which pays
+    for no decisions).
+
+    Returns {"deploys": method, "prompts": n, "speedup": {method: pooled speedup}}."""
+    if not cells:
+        raise ValueError("pair_check: no calibration cells")
+    if not learned:
+        raise ValueError("pair_check: no learned policy to check")
+    speedup = pooled_speedups(cells, (*ENDPOINTS, *learned))
+    better = max(ENDPOINTS, key=lambda m: (speedup[m], m == ENDPOINTS[0]))
+    best = fastest(speedup, learned)
+    deploys = best if speedup[best] > speedup[better] else better
+    return {"deploys": deploys, "prompts": sum(len(c.tokens) for c in cells), "speedup": speedup}

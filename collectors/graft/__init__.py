@@ -1,0 +1,1 @@
+"""GRAFT's evaluation: edge collection, DDTree walks, measured round costs, learned budgets."""

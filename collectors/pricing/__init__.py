@@ -1,0 +1,1 @@
+"""Profiling and pricing: a pair's measured latency profile and what a round costs under it."""
