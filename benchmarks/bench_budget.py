@@ -42,7 +42,8 @@ import torch
 
 from benchmarks.pair_sources import bench_prompts, load_named
 from collectors.collect.plan import tree_config
-from collectors.collect.replay import Replayer, Walk
+from collectors.collect.replay import Replayer
+from collectors.collect.trajectory import Walk
 from collectors.pricing.budget_sweep import (
     PolicySweep,
     Sample,
@@ -51,10 +52,10 @@ from collectors.pricing.budget_sweep import (
     round_tokens,
     sweep_pair,
 )
-from collectors.pricing.latency import LatencyProfile, load_profile, price_round
 from config.params import load_params, resolve
 from decoder.budget import best_budget
 from decoder.config import TreeConfig
+from decoder.latency import LatencyProfile, load_profile, price_round
 from decoder.models import ModelPair
 
 log = logging.getLogger("bench_budget")

@@ -4,9 +4,9 @@ Usage:
     .venv/bin/python benchmarks/bench_never_loses.py --pair zoo-m            # a registered (zoo) pair
     .venv/bin/python benchmarks/bench_never_loses.py --target PATH --mid PATH --template chatml \\
         [--latency-profile PROFILE.json]                                     # a pair by local path
-    [--questions question.jsonl] [--limit N] [--per-dataset 2] [--dtypes float32 bfloat16]
-    [--policy all-small] [--budget 6 --width 2 --topk 2 --ngram-min-n 2] [--switch-off]
-    [--max-new-tokens 32] [--linear stock] [--out artifacts/bench/never_loses]
+    [--questions question.jsonl] [--limit N] [--per-dataset 2] [--datasets alpaca sum ...]
+    [--dtypes float32 bfloat16] [--policy all-small] [--budget 6 --width 2 --topk 2 --ngram-min-n 2]
+    [--switch-off] [--repeats 3] [--max-new-tokens 32] [--linear stock] [--out artifacts/bench/never_loses]
 
 Prompts: a Spec-Bench-format question.jsonl (--questions; category per question), or by default the
 project's own held-back prompts: the first --per-dataset questions of each dataset of
@@ -16,12 +16,13 @@ budgets.json has it; otherwise, and for a pair by path, --policy at the shape gi
 defaults are issue 51's B = 6, W x m = 2 x 2, n-gram matches >= 2). --switch-off wraps the policy
 in decoder.switch_off.SwitchOff, priced with the pair's latency profile (the profile stage's for a
 registered pair, --latency-profile for one by path).
-Per dtype the pair is loaded afresh and every prompt is decoded by AR, then by the policy (one
-shared warm-up first, wall clock only). Per prompt: the wall-time ratio AR / policy, A (accepted
-drafted tokens per round), the rounds verified / run as AR / switch-offs, the priced ratio when a
-profile is at hand, and whether the output is identical to AR's, a classified near-tie (bf16) or a
-real mismatch (decoder.check_lossless, fp32 judge). Per dtype: pooled ratio (tokens/s), minimum,
-prompts under 0.97x, and the process's RSS after loading and at its peak. Writes <out>.json, .md.
+Per dtype the pair is loaded afresh and every prompt is decoded by AR, then by the policy, --repeats
+times interleaved, each keeping its median-time run (one shared warm-up first, wall clock only).
+Per prompt: the wall-time ratio AR / policy, A (accepted drafted tokens per round), the rounds
+verified / run as AR / switch-offs, the priced ratio when a profile is at hand, and whether the
+output is identical to AR's, a classified near-tie (bf16) or a real mismatch
+(decoder.check_lossless, fp32 judge). Per dtype: pooled ratio (tokens/s), minimum, prompts under
+0.97x, and the process's RSS after loading and at its peak. Writes <out>.json, .md.
 """
 
 from __future__ import annotations
@@ -44,16 +45,16 @@ import torch
 from collectors.collect.plan import pair_tree, profile_for, tree_config
 from collectors.data.prompts import PromptFileError, Question, encode_prompts, load_benchmarks, load_questions
 from collectors.pricing.budget_file import budgets_path
-from collectors.pricing.latency import LatencyProfile, load_profile
-from collectors.pricing.round_prices import ProfilePricer
 from config.params import Params, load_params, resolve
 from decoder.check_lossless import check_outputs, fp32_judge
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import GenerationResult
-from decoder.measure import Method, run_side_by_side
+from decoder.latency import LatencyProfile, load_profile
+from decoder.measure import Method, Repeats, run_side_by_side
 from decoder.memory import keep_freed_memory
 from decoder.models import load_pair
 from decoder.policies import AR, parse_policy
+from decoder.round_prices import ProfilePricer
 from decoder.switch_off import SwitchOff
 
 log = logging.getLogger("bench_never_loses")
@@ -85,9 +86,11 @@ def rss_gib() -> tuple[float, float]:
     return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def held_back(params: Params, per_dataset: int) -> list[Question]:
-    """The first per_dataset questions of each evaluate dataset from evaluate.prompt_start on."""
-    benches = load_benchmarks(resolve(params.data.out_dir), list(params.evaluate.datasets))
+def held_back(params: Params, per_dataset: int, datasets: list[str] | None = None) -> list[Question]:
+    """The first per_dataset questions of each dataset (default: evaluate's) from evaluate.prompt_start
+    on."""
+    names = list(datasets or params.evaluate.datasets)
+    benches = load_benchmarks(resolve(params.data.out_dir), names)
     start = params.evaluate.prompt_start
     return [q for qs in benches.values() for q in qs[start : start + per_dataset]]
 
@@ -179,7 +182,10 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
     prompts = encode_prompts(questions, pair.tokenizer, source.template, MAX_PROMPT_TOKENS)
     method = method_of(source, args.switch_off)
     config = DecodeConfig(max_new_tokens=args.max_new_tokens)
-    results = run_side_by_side(pair, prompts, [method], config, None, warmup_tokens=4, timing=False)
+    repeats = Repeats(min_ar_s=1e9, most=args.repeats)  # every prompt args.repeats times
+    results = run_side_by_side(
+        pair, prompts, [method], config, None, warmup_tokens=4, timing=False, repeats=repeats
+    )
     ar, res = results[AR], results.get(POLICY, results[AR])
     verdicts = classify(pair, prompts, ar, res)
     pricer = None
@@ -208,7 +214,8 @@ def markdown(head: dict, infos: list[dict]) -> str:
         f"Pair `{head['pair']}`, policy {head['policy']}{' + switch-off' if head['switch_off'] else ''} at "
         f"B = {head['budget']}, W x m = {head['width']} x {head['topk']}, "
         f"n-gram matches >= {head['ngram_min_n']}; "
-        f"{head['n_prompts']} prompts, {head['max_new_tokens']} new tokens, {head['threads']} threads.",
+        f"{head['n_prompts']} prompts, {head['max_new_tokens']} new tokens, {head['threads']} threads, "
+        f"median of {head['repeats']} interleaved runs per prompt.",
     ]
     for info in infos:
         lines += [
@@ -241,6 +248,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--questions", help="a Spec-Bench-format question.jsonl (default: held-back prompts)")
     p.add_argument("--limit", type=int, default=None, help="the first N questions of --questions")
     p.add_argument("--per-dataset", type=int, default=2)
+    p.add_argument(
+        "--datasets", nargs="+", default=None, help="held-back datasets (default: evaluate.datasets)"
+    )
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     p.add_argument("--linear", default="stock", choices=["stock", "onednn"])
     p.add_argument("--policy", default="all-small")
@@ -252,6 +262,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--switch-off", action="store_true", help="wrap the policy in decoder.switch_off.SwitchOff"
     )
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved AR/policy runs per prompt; each keeps its median-time run (default 3)",
+    )
     p.add_argument("--out", default="artifacts/bench/never_loses")
     args = p.parse_args(argv)
     if args.mid and not args.target:
@@ -270,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
         questions = (
             load_questions(args.questions)[: args.limit]
             if args.questions
-            else held_back(params, args.per_dataset)
+            else held_back(params, args.per_dataset, args.datasets)
         )
         source = source_of(params, args)
         infos = []
@@ -293,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
         "n_prompts": len(questions),
         "max_new_tokens": args.max_new_tokens,
         "threads": params.runtime.torch_threads,
+        "repeats": args.repeats,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,6 @@ from benchmarks.pair_sources import TINY, bench_prompts, load_named
 from collectors.collect.plan import pair_tree, report_questions
 from collectors.collect.records import runtime_for
 from collectors.collect.report import ReportSpec
-from collectors.pricing.latency import load_profile
 from collectors.pricing.pricing_check import (
     check_components,
     check_pricing,
@@ -51,6 +50,7 @@ from collectors.pricing.profile_rounds import student_like
 from collectors.pricing.profiling import measure_profile
 from config.params import load_params, resolve
 from decoder.config import DecodeConfig, TreeConfig
+from decoder.latency import load_profile
 from decoder.memory import configure_process
 from decoder.scheduler import load_scheduler
 

@@ -48,11 +48,11 @@ from collectors.collect.plan import pair_tree, profile_for
 from collectors.collect.records import runtime_for
 from collectors.data.prompts import encode_prompts, load_benchmarks
 from collectors.pricing.budget_file import BUDGETS_FILE
-from collectors.pricing.latency import LatencyProfile
 from config.params import Params, load_params, resolve
 from decoder.check_lossless import check_outputs, fp32_judge
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import GenerationResult
+from decoder.latency import LatencyProfile
 from decoder.measure import Method, run_side_by_side, summarise_results
 from decoder.memory import configure_process
 from decoder.models import load_pair

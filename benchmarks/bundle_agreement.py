@@ -1,11 +1,11 @@
-"""Does a decode from the deployment bundle agree with evaluate's deployed row? (after `make repro`)
+"""Does a decode from the deployment bundle agree with the wall check's deployed row? (after `make repro`)
 
-For each evaluated dataset of a pair, the prompts evaluate decoded for real (its Spec-Bench answers
-under ``evaluate.out_dir/specbench/deployed/``, or under the method's own name) are decoded again
-and compared:
+For each evaluated dataset of a pair, the prompts the wall_check stage decoded for real (its
+Spec-Bench answers under ``wall_check.out_dir/specbench/deployed/``, or under the method's own name)
+are decoded again and compared:
 - with the bundle loaded by ``decoder.load_deployment`` (what a user gets from the CLI or Python);
 - with the policy rebuilt from the exported student at the bundle's threshold offset
-  (``pipeline.deploy.threshold_variants``, the path evaluate's rows took before bundles existed).
+  (``decoder.deployment.threshold_variants``, the path evaluate's rows took before bundles existed).
 Tokens must equal evaluate's answer text and accepted lengths per round, and the per-round
 mid-call decisions of the two decodes must be identical. Prints one line per dataset and a total;
 exits 1 on any disagreement.
@@ -22,11 +22,10 @@ import sys
 from collectors.collect.plan import load_registered_pair, tree_config
 from collectors.evaluation.priced_tasks import cell_inputs
 from config.params import load_params, resolve
-from decoder.deployment import load_deployment
+from decoder.deployment import load_deployment, threshold_variants
 from decoder.generate import generate
 from decoder.memory import configure_process
 from models.offline import THRESHOLD_OFFSETS
-from pipeline.deploy import FIXED_METHODS, threshold_variants
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,15 +41,19 @@ def main(argv: list[str] | None = None) -> int:
         resolve(params.export.out_dir) / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
     )
     deploys = dep.decision["deploys"]
-    rebuilt = students.get(deploys) or FIXED_METHODS[deploys]
+    rebuilt = students.get(deploys, deploys)  # a fallback is a policy name (all-small, all-mid, ar)
     pair = load_registered_pair(params, args.pair)
-    specbench = resolve(params.evaluate.out_dir) / "specbench"
+    specbench = resolve(params.wall_check.out_dir) / "specbench"
     bad = total = 0
     for dataset in params.evaluate.datasets:
         # a deployed policy that is one of evaluate's own methods is decoded (and answered) under
         # that method's name, a shifted threshold under "deployed"
         name = f"{args.pair}__{dataset}.jsonl"
-        path = next(p for p in (specbench / "deployed" / name, specbench / deploys / name) if p.is_file())
+        path = next(
+            (p for p in (specbench / "deployed" / name, specbench / deploys / name) if p.is_file()), None
+        )
+        if path is None:  # the wall check's round-robin reached no prompt of this dataset
+            continue
         answers = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
         questions, prompts, _, _ = cell_inputs(params, args.pair, dataset, pair, len(answers))
         same = 0

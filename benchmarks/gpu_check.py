@@ -41,7 +41,6 @@ from benchmarks.gpu_check_parts import (
 )
 from collectors.collect.plan import tree_config
 from collectors.pricing.budget_sweep import sweep_pair
-from collectors.pricing.latency import LatencyProfile, load_profile, save_profile
 from collectors.pricing.profiling import device_name, measure_profile
 from config.params import Params, resolve
 from decoder.block_drafter import load_block_drafter
@@ -49,6 +48,7 @@ from decoder.check_lossless import check_outputs, fp32_judge
 from decoder.config import BlockConfig, DecodeConfig, TreeConfig
 from decoder.edge_scorer import EdgeScorerError, load_edge_scorer
 from decoder.generate import GenerationResult, generate
+from decoder.latency import LatencyProfile, load_profile, save_profile
 from decoder.models import ModelPair, load_pair
 from pipeline.budget import choose, shape_key, tree_shapes
 

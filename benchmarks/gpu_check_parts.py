@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from collectors.data.embedded_data import stdlib_files
-from collectors.pricing.latency import LatencyProfile, counts_from_round, price_ar, price_round
 from config.params import Params, ZooParams, load_params, resolve
 from decoder.block import BlockProposer
 from decoder.edge_scorer import EdgeScorer
 from decoder.generate import GenerationResult
+from decoder.latency import LatencyProfile, counts_from_round, price_ar, price_round
 from decoder.policies import RuntimeContext
 from decoder.templates import get_template, render
 

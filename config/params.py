@@ -54,7 +54,7 @@ QUESTIONS = r"(prompts/[A-Za-z0-9._/-]+\.jsonl)?"
 ARCHS = ("qwen3", "llama")  # models.lm_training.ARCHS
 GRAFTING = ("non_destructive", "overwrite")  # decoder.config.Grafting
 BUDGET_MODES = ("measured", "fixed")  # pipeline.budget.MODES
-COLLECT_MODES = ("replay", "execute")  # collectors.collect.report.MODES
+COLLECT_MODES = ("replay", "execute")  # the collectors and their table contract import this one
 BACKENDS = ("local", "ray")  # collectors.collect.plan.BACKENDS
 MARGIN_SOURCES = ("value", "oracle")  # the distill stage's margin sources
 LOSSES = ("auto", "mse", "weighted_mse", "weighted_logistic")  # the distill stage's LOSS_CHOICES
@@ -222,7 +222,7 @@ class TreeParams:
 
 @dataclass(frozen=True)
 class ProfileParams:
-    """The ``profile`` stage: one latency profile per pair (see collectors/pricing/latency.py)."""
+    """The ``profile`` stage: one latency profile per pair (see decoder/latency.py)."""
 
     pairs: tuple[str, ...] = rule(nonempty=True)
     out_dir: str
@@ -363,12 +363,13 @@ class AblationParams:
     schedule: str = rule(pattern=BITS)
     pairs: tuple[str, ...] = rule(nonempty=True)
     datasets: tuple[str, ...] = rule(nonempty=True)
+    prompts_per_cell: int = rule(ge=1)  # evaluate's first held-back prompts, decoded for real
 
 
 @dataclass(frozen=True)
 class EvaluateParams:
     """The ``evaluate`` stage: every method priced by replay on held-back prompts (the primary
-    metric), a few methods also decoded for real (wall clock, lossless gate); fitting and held-out
+    metric), the pair check's choice on them, the ablations decoded for real; fitting and held-out
     rows."""
 
     out_dir: str
@@ -378,14 +379,24 @@ class EvaluateParams:
     held_out_datasets: tuple[str, ...]
     prompt_start: int  # after the collect slice, so no evaluation prompt was seen in fitting
     prompts_per_cell: int = rule(ge=1)  # priced by replay (exact counts x the latency profile)
-    wall_prompts_per_cell: int  # the first of them, also decoded for real and timed
-    wall_methods: tuple[str, ...]  # methods decoded for real (autoregressive always is)
-    wall_min_ar_s: float  # each wall prompt timed until AR's runs of it last this long ...
-    wall_max_repeats: int = rule(ge=1)  # ... at most this many times; every method keeps its median run
     bootstrap: int = rule(ge=1)  # resamples over prompts for the 95% intervals
     max_new_tokens: int = rule(ge=1)
-    workers: int = rule(ge=1)  # processes for the priced replay (1: in this process); wall clock runs alone
+    workers: int = rule(ge=1)  # processes for the priced replay (1: in this process); ablations run alone
     ablation: AblationParams
+
+
+@dataclass(frozen=True)
+class WallCheckParams:
+    """The ``wall_check`` stage: per evaluated pair, ``prompts_per_pair`` of evaluate's held-back
+    prompts (round-robin over evaluate.datasets) decoded for real by ``methods`` and autoregressive
+    decoding, side by side, to check that the prices agree with the clock."""
+
+    out_dir: str = rule(inside=True, nonempty=True)
+    prompts_per_pair: int = rule(ge=2)  # a bootstrap over prompts needs two at least
+    methods: tuple[str, ...] = rule(nonempty=True)  # fixed schedules or student, value-planner
+    min_ar_s: float = rule(ge=0)  # each prompt timed until AR's runs of it last this long ...
+    max_repeats: int = rule(ge=1)  # ... at most this many times; every method keeps its median run
+    bootstrap: int = rule(ge=1)  # resamples over prompts for the 95% intervals
 
 
 @dataclass(frozen=True)
@@ -480,6 +491,7 @@ class Params:
     export: ExportParams
     deploy: DeployParams
     evaluate: EvaluateParams
+    wall_check: WallCheckParams
     runtime: RuntimeParams
     edges: EdgesParams
     graft_eval: GraftEvalParams

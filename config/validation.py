@@ -61,7 +61,7 @@ class Rule:
     gt: float | None = None
     choices: tuple[str, ...] = ()
     pattern: str = ""  # the whole string must match
-    inside: bool = False  # an output path: stays inside the project (or the temp folder)
+    inside: bool = False  # an output path: stays inside the project (if absolute, or the temp folder)
     allow_inf: bool = False
     nonempty: bool = False
 
@@ -95,12 +95,18 @@ def _allowed_roots(root: Path) -> tuple[Path, ...]:
 def outside_problem(value: str, root: Path) -> str | None:
     """Why output path ``value`` (relative to ``root``) is refused, or None.
 
-    The check is lexical (``..`` collapsed, symlinks not followed): a symlink the user placed inside
-    the project (artifacts -> a bigger disk) is their choice, a ``../../..`` in a params file is not.
-    The project folder (or the temp folder) itself is refused too: stages replace their output
-    folder as a whole.
+    A relative path must land inside the project; an absolute one inside the project or the temp
+    folder. The check is lexical (``..`` collapsed, symlinks not followed): a symlink the user
+    placed inside the project (artifacts -> a bigger disk) is their choice, a ``../../..`` in a
+    params file is not, even where the project itself sits in the temp folder. The project folder
+    (or the temp folder) itself is refused too: stages replace their output folder as a whole.
     """
     target = Path(os.path.normpath(root / value))
+    if not Path(value).is_absolute():
+        project = Path(os.path.normpath(root))
+        if target != project and target.is_relative_to(project):
+            return None
+        return f"must stay inside the project {root} (a relative path may not leave it), resolves to {target}"
     roots = _allowed_roots(root)
     if any(target != r and target.is_relative_to(r) for r in roots):
         return None

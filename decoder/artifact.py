@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file, save
 
-from decoder.files import replace_atomically
+from decoder.files import replace_atomically, sha256_of_file
 
 SCHEMA_VERSION = "treegraft-mlp/2"  # /2: manifest_sha256 over the manifest and weights together
 KINDS = ("student", "value")
@@ -246,10 +246,6 @@ def artifact_paths(path: Path | str) -> tuple[Path, Path]:
     return stem.with_suffix(".json"), stem.with_suffix(".safetensors")
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def manifest_digest(manifest: Mapping[str, Any]) -> str:
     """SHA-256 of the canonical JSON of every field but manifest_sha256 (key order kept)."""
     body = {k: v for k, v in manifest.items() if k != CHECKSUM_FIELD}
@@ -386,7 +382,7 @@ def read_artifact(path: Path | str, kind: str) -> Artifact:
             f"{where}: field {CHECKSUM_FIELD!r} does not match the manifest's other fields "
             "(the manifest was edited after it was written)"
         )
-    if raw["weights_sha256"] != _sha256(weights):
+    if raw["weights_sha256"] != sha256_of_file(weights):
         raise ManifestError(f"{where}: field 'weights_sha256' does not match {weights}")
     try:
         arrays = load_file(str(weights))

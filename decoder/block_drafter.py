@@ -9,7 +9,10 @@ predicts the token at root + i + 1 through the target's own LM head. The embeddi
 the target's, attached at load time and never saved: the files hold only the drafter's weights
 (``block_drafter.safetensors``) and its config (``block_drafter.json``), which pins the weights by
 SHA-256 and itself by a digest of its other fields, so any edit of either file is refused with the
-file and field named. :class:`BlockDrafter` serves it behind decoder.block.BlockProposer.
+file and field named. A folder that also holds a ``checkpoint_digest.json`` (the zoo records one)
+is checked against it first, as every zoo checkpoint is (decoder/checkpoint.py): a file that
+differs is refused, named, before anything is parsed. :class:`BlockDrafter` serves it behind
+decoder.block.BlockProposer.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from decoder.block import Marginals
-from decoder.files import replace_atomically
+from decoder.checkpoint import CheckpointError, verify_folder
+from decoder.files import replace_atomically, sha256_of_file
 from decoder.json_manifest import canonical_digest, check_field_names, read_json_object
 
 SCHEMA_VERSION = "treegraft-block-drafter/1"
@@ -270,8 +274,12 @@ def load_block_drafter(folder: Path | str, target: PreTrainedModel) -> BlockDraf
             raise BlockDrafterError(
                 f"{path}: missing (a block drafter folder holds {CONFIG_NAME} and {WEIGHTS_NAME})"
             )
+    try:
+        verify_folder(folder)  # the folder's checkpoint_digest.json, where the zoo recorded one
+    except CheckpointError as err:
+        raise BlockDrafterError(str(err)) from None
     cfg, raw = _read_config(meta)
-    if raw["weights_sha256"] != _sha256(weights.read_bytes()):
+    if raw["weights_sha256"] != sha256_of_file(weights):
         raise BlockDrafterError(f"{meta}: field 'weights_sha256' does not match {weights}")
     _check_fits(cfg, target, meta)
     net = BlockDrafterNet(cfg)

@@ -15,14 +15,13 @@ DeploymentError naming the file. NumPy-free, torch-free.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from decoder.files import replace_atomically
+from decoder.files import replace_atomically, sha256_of_file
 
 INDEX_FILE = "index.json"
 CHECKSUMS_FILE = "checksums.json"
@@ -33,14 +32,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 class DeploymentError(ValueError):
     """A deployment bundle is missing, corrupt, edited or does not fit this decoder."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def is_hex_digest(value: object) -> bool:
@@ -62,8 +53,8 @@ def seal_folder(folder: Path) -> str:
     nested = [p.name for p in files if not p.is_file()]
     if nested:
         raise DeploymentError(f"{folder}: a bundle folder holds files only, found {nested}")
-    replace_atomically(folder / CHECKSUMS_FILE, _dump({p.name: sha256_file(p) for p in files}))
-    return sha256_file(folder / CHECKSUMS_FILE)
+    replace_atomically(folder / CHECKSUMS_FILE, _dump({p.name: sha256_of_file(p) for p in files}))
+    return sha256_of_file(folder / CHECKSUMS_FILE)
 
 
 def write_index(root: Path, digests: Mapping[str, str]) -> Path:
@@ -142,7 +133,7 @@ def verified_folder(
     folder, sums_path = found.folder, found.folder / CHECKSUMS_FILE
     if not sums_path.is_file():
         raise DeploymentError(f"{sums_path}: missing file")
-    digest = sha256_file(sums_path)
+    digest = sha256_of_file(sums_path)
     for what, want in (("index.json's entry", found.checksums_sha256), ("--expect-sha256", expect_sha256)):
         if want is not None and digest != want:
             raise DeploymentError(f"{sums_path}: sha256 {digest} differs from {what} {want}")
@@ -156,7 +147,7 @@ def verified_folder(
         file = folder / name
         if not is_pair_name(name) or not file.is_file():
             raise DeploymentError(f"{file}: missing file (listed in {CHECKSUMS_FILE})")
-        if sha256_file(file) != want:
+        if sha256_of_file(file) != want:
             raise DeploymentError(f"{file}: sha256 differs from {CHECKSUMS_FILE} (truncated or edited)")
     extra = sorted(p.name for p in folder.iterdir() if p.name != CHECKSUMS_FILE and p.name not in sums)
     if extra:

@@ -14,16 +14,16 @@ by each file's (size, mtime): a file rewritten afterwards is hashed again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from decoder.files import sha256_of_file
+
 DIGEST_FILE = "checkpoint_digest.json"
 # Records that carry a folder's file digests: (file name, key holding {path: sha256} or None).
 RECORDS: tuple[tuple[str, str | None], ...] = ((DIGEST_FILE, None), ("conversion.json", "files"))
-_BLOCK = 1 << 20
 _verified: set[tuple[str, tuple[tuple[str, int, int], ...]]] = set()
 
 
@@ -31,19 +31,11 @@ class CheckpointError(ValueError):
     """A model folder's files do not match its recorded digests."""
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def folder_digests(folder: Path) -> dict[str, str]:
     """{relative posix path: sha256} of every file under ``folder`` but the records themselves."""
     skip = {name for name, _ in RECORDS}
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in skip)
-    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in files}
+    return {p.relative_to(folder).as_posix(): sha256_of_file(p) for p in files}
 
 
 def record_folder(folder: Path | str) -> dict[str, str]:
@@ -94,7 +86,7 @@ def verify_digests(folder: Path | str, expected: Mapping[str, str], source: str 
     if key in _verified:
         return
     for name in names:
-        actual = file_sha256(folder / name)
+        actual = sha256_of_file(folder / name)
         if actual != expected[name]:
             raise CheckpointError(
                 f"{folder / name}: SHA-256 {actual[:12]}... does not match {source} "

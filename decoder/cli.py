@@ -5,13 +5,14 @@
 (decoder/config.py), so the shape the `budget` stage chooses for a pair (its B*, width x topk and
 the n-gram drafter's shortest match) decodes from here as it does in the pipeline.
 
-`python -m decoder --deployment DIR [--pair NAME] [--expect-sha256 HEX] --prompt TEXT` decodes with
-a pair's deployment bundle (decoder/deployment.py): its models, dtype and kernel (flags override
-them), the prompt in the pair's template, its tree shape, and its policy (the learned scheduler at
-the pair check's threshold, or the fallback) beside AR, All-Small and All-Mid. The table's
-``deployed`` row is that policy; per request, ``gain`` is the net wall-clock gain over AR (prefill
-included), ``A`` the accepted drafted tokens per round, ``mid/step`` the share of drafting steps that
-called the mid drafter. Freed memory
+`python -m decoder --deployment DIR [--pair NAME] [--expect-sha256 HEX] [--switch-off] --prompt TEXT`
+decodes with a pair's deployment bundle (decoder/deployment.py): its models, dtype and kernel (flags
+override them), the prompt in the pair's template, its tree shape, and its policy (the learned
+scheduler at the pair check's threshold, or the fallback) beside AR, All-Small and All-Mid. The
+table's ``deployed`` row is that policy (with --switch-off, wrapped in decoder.switch_off.SwitchOff,
+priced with the bundle's latency profile); per request, ``gain`` is the net wall-clock gain over AR
+(prefill included), ``A`` the accepted drafted tokens per round, ``mid/step`` the share of drafting
+steps that called the mid drafter. Freed memory
 stays in the process, as in the pipeline's decoding stages (decoder/memory.py), unless
 --release-freed-memory. The text printed is the target's own output (greedy: token-identical to
 autoregressive decoding, checked in the table's `lossless` column).
@@ -31,10 +32,11 @@ from dataclasses import replace
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.deployment import Deployment, load_deployment
 from decoder.generate import check_prompt, encode_prompt, generate
-from decoder.measure import Method, PolicyMeasurement, policy_name, run_side_by_side, summarise_results
+from decoder.measure import Method, format_table, policy_name, run_side_by_side, summarise_results
 from decoder.memory import keep_freed_memory
 from decoder.models import LINEAR_KERNELS, ModelPair, load_pair
 from decoder.policies import AR, parse_policy, uses_mid
+from decoder.switch_off import for_deployment
 from decoder.templates import render_prompt
 
 DEFAULT_TREE = TreeConfig()
@@ -53,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dep.add_argument("--deployment", help="bundle folder (with index.json) or one pair's folder")
     dep.add_argument("--pair", help="the pair to deploy (optional when the bundle holds one)")
     dep.add_argument("--expect-sha256", help="refuse the bundle unless its checksums.json has this sha256")
+    dep.add_argument(
+        "--switch-off",
+        action="store_true",
+        help="per request, turn speculation off while it prices below AR (decoder/switch_off.py), "
+        "rounds priced with the bundle's latency profile",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -118,25 +126,10 @@ def model_flag(args: argparse.Namespace, name: str, bundle: Deployment | None = 
     return getattr(bundle.models, name) if bundle is not None else MODEL_DEFAULTS[name]
 
 
-def format_rows(rows: dict[str, PolicyMeasurement]) -> str:
-    """One line per policy: tokens, tok/s, speedup over AR, A, the share of drafting steps that
-    called the mid drafter, the net wall-clock gain over AR (prefill included), lossless."""
-    head = (
-        f"{'policy':<12} {'tokens':>7} {'tok/s':>8} {'speedup':>8} {'A':>6} {'mid/step':>8} "
-        f"{'gain':>8} {'lossless':>8}"
-    )
-    lines = [head, "-" * len(head)]
-    for m in rows.values():
-        lines.append(
-            f"{m.name:<12} {m.n_tokens:>7d} {m.tokens_per_s:>8.1f} {m.speedup_vs_ar:>7.2f}x "
-            f"{m.mean_accepted_length:>6.2f} {m.mid_call_rate:>8.2f} {100 * (m.speedup_vs_ar - 1):>+7.1f}% "
-            f"{'yes' if m.lossless else 'NO':>8}"
-        )
-    return "\n".join(lines)
-
-
 def _policy_run(args: argparse.Namespace) -> tuple[ModelPair, list[int], list[Method], DecodeConfig, list]:
     """What the flags decode: one policy (``--policy``) on the flags' models and tree."""
+    if args.switch_off:
+        raise ValueError("--switch-off prices rounds with a bundle's latency profile: pass --deployment DIR")
     if args.target is None:
         raise ValueError("pass --target PATH (and --mid PATH), or --deployment DIR")
     policy = args.policy or "all-small"
@@ -180,7 +173,8 @@ def _deployment_run(
         ]
     check_prompt(pair, ids, config, bundle.policy)
     endpoints = ["all-small", "all-mid"] if mid is not None else ["all-small"]
-    methods = [*(Method(m, m) for m in endpoints), Method(DEPLOYED, bundle.policy)]
+    deployed = for_deployment(bundle) if args.switch_off else bundle.policy
+    methods = [*(Method(m, m) for m in endpoints), Method(DEPLOYED, deployed)]
     print(
         f"pair {bundle.pair_id}: deploys {bundle.decision['deploys']} "
         f"(checksums sha256 {bundle.checksums_sha256})",
@@ -216,5 +210,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(tok.decode(res.new_tokens))
     print()
-    print(format_rows(rows))
+    print(format_table(rows, gain=True))
     return 0

@@ -1,7 +1,8 @@
 """A pair's deployment: what it decodes with, as one checked bundle the decoder loads by itself.
 
 A bundle folder holds the exported student (scheduler.json + scheduler.safetensors, as the export
-stage writes them), ``deployment.json`` and ``checksums.json`` (decoder/bundle.py). deployment.json
+stage writes them), the pair's latency profile (``profile.json``, as the profile stage writes it),
+``deployment.json`` and ``checksums.json`` (decoder/bundle.py). deployment.json
 holds the pair check's decision (the student at a threshold offset, or a fallback: All-Small,
 All-Mid, AR), the tree and decoding settings the pipeline chose for the pair, the runtime costs the
 student's context features read (decoder/runtime_costs.py), the models it decodes (paths relative
@@ -13,7 +14,9 @@ deployment.json (a missing, unknown or ill-typed field is one :class:`Deployment
 file and the field), then the student like decoder.scheduler.load_scheduler (manifest, checksums,
 feature order, D and W against the bundle's tree) and that the decision's threshold is the
 manifest's plus the offset. It returns a :class:`Deployment`: ``generate(pair, ids, d.policy,
-d.config, d.runtime(len(ids)))`` decodes as the pipeline's deployed row does.
+d.config, d.runtime(len(ids)))`` decodes as the pipeline's deployed row does;
+``decoder.switch_off.for_deployment(d)`` in place of ``d.policy`` adds the per-request switch-off,
+priced with the bundle's profile.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import dataclasses
 import json
 import math
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,16 +40,26 @@ from decoder.bundle import (
     verified_folder,
 )
 from decoder.config import DecodeConfig, TreeConfig
+from decoder.files import sha256_of_file
+from decoder.latency import LatencyProfile, load_profile
 from decoder.policies import AR, RuntimeContext, parse_policy, uses_mid
 from decoder.runtime_costs import RuntimeCosts
 from decoder.scheduler import LearnedScheduler, check_features, load_scheduler
 
-__all__ = ["Deployment", "DeploymentError", "load_deployment", "scheduler_at", "variant_name"]
+__all__ = [
+    "Deployment",
+    "DeploymentError",
+    "load_deployment",
+    "scheduler_at",
+    "threshold_variants",
+    "variant_name",
+]
 
 SCHEMA_VERSION = "treegraft-deployment/1"
 DEPLOYMENT_FILE = "deployment.json"
 STUDENT_FILES = ("scheduler.json", "scheduler.safetensors")
-REQUIRED_FILES = (DEPLOYMENT_FILE, *STUDENT_FILES)
+PROFILE_FILE = "profile.json"  # the pair's latency profile: the costs and the switch-off's prices
+REQUIRED_FILES = (DEPLOYMENT_FILE, *STUDENT_FILES, PROFILE_FILE)
 FALLBACKS = ("all-small", "all-mid", AR)  # what a pair deploys when no threshold beats its endpoints
 
 
@@ -66,6 +79,14 @@ def scheduler_at(path: Path, depth: int, width: int, offset: float) -> LearnedSc
     return LearnedScheduler(dataclasses.replace(art, manifest=shifted), signals)
 
 
+def threshold_variants(
+    path: Path, depth: int, width: int, offsets: Sequence[float]
+) -> dict[str, LearnedScheduler]:
+    """The exported student at ``path`` (validated as load_scheduler does) at its threshold plus each
+    offset, by :func:`variant_name`: the thresholds a pair check tries and a bundle may deploy."""
+    return {variant_name(o): scheduler_at(path, depth, width, o) for o in offsets}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     target: Path
@@ -81,7 +102,8 @@ class Deployment:
     """A loaded bundle: ``policy`` (a LearnedScheduler or a fixed policy's name), ``config`` (the
     pair's tree and decoding settings), ``costs`` (for :meth:`runtime`), ``decision`` (the pair
     check's: deploys, threshold_offset, threshold, prompts, speedup), ``models``, the folder and the
-    sha256 of its checksums.json (the digest to pin), and deployment.json as read."""
+    sha256 of its checksums.json (the digest to pin), deployment.json as read, and the pair's
+    latency profile (``profile``: what decoder.switch_off.for_deployment prices rounds with)."""
 
     pair_id: str
     policy: str | LearnedScheduler
@@ -92,6 +114,7 @@ class Deployment:
     folder: Path
     checksums_sha256: str
     record: dict[str, Any]
+    profile: LatencyProfile
 
     @property
     def is_learned(self) -> bool:
@@ -304,6 +327,14 @@ def load_deployment(
         m["dtype"], m["device"], m["linear"], m["template"],
     )  # fmt: skip
     policy = _policy(found.folder, parsed)
+    profile_path = found.folder / PROFILE_FILE
+    if sha256_of_file(profile_path) != parsed["profile"]["sha256"]:
+        raise DeploymentError(f"{profile_path}: not the latency profile deployment.json records "
+                              f"(sha256 {parsed['profile']['sha256']})")  # fmt: skip
+    try:
+        profile = load_profile(profile_path)
+    except (ValueError, KeyError, TypeError) as e:
+        raise DeploymentError(f"{profile_path}: not a latency profile ({e})") from e
     if models.mid is None and uses_mid(parse_policy(policy, config.tree.depth)):
         raise DeploymentError(f"{where}: deploys {parsed['decision']['deploys']}, which calls a mid drafter, "
                               "but models.mid is null")  # fmt: skip
@@ -317,22 +348,24 @@ def load_deployment(
         folder=found.folder,
         checksums_sha256=str(found.checksums_sha256),
         record=read_json(where),  # as written, for provenance
+        profile=profile,
     )
 
 
-def write_pair_bundle(folder: Path, record: Mapping[str, Any], student: Path) -> str:
+def write_pair_bundle(folder: Path, record: Mapping[str, Any], student: Path, profile: Path) -> str:
     """Write one pair's bundle folder: the student artifact at ``student`` (its .json and
-    .safetensors, copied byte for byte), ``record`` as deployment.json (checked field by field first)
+    .safetensors, copied byte for byte), the pair's latency profile file ``profile`` (as
+    profile.json, byte for byte), ``record`` as deployment.json (checked field by field first)
     and checksums.json; return checksums.json's sha256. The folder is built beside its place and
     loaded back (every check of :func:`load_deployment`) before it is renamed into place, so a
     failure leaves no half-written or unloadable bundle."""
     parse_record(json.loads(json.dumps(record)), folder / DEPLOYMENT_FILE)
-    sources = [student.with_suffix(".json"), student.with_suffix(".safetensors")]
+    sources = [student.with_suffix(".json"), student.with_suffix(".safetensors"), profile]
     tmp = folder.parent / f".{folder.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        for src, name in zip(sources, STUDENT_FILES, strict=True):
+        for src, name in zip(sources, (*STUDENT_FILES, PROFILE_FILE), strict=True):
             shutil.copyfile(src, tmp / name)
         (tmp / DEPLOYMENT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         seal_folder(tmp)

@@ -183,15 +183,27 @@ def summarise_results(
     return {n: summarise(n, res, ar_tps, lossless[n]) for n, res in results.items()}
 
 
-def format_table(rows: dict[str, PolicyMeasurement]) -> str:
-    """A plain-text table: one line per policy."""
-    head = (
-        f"{'policy':<12} {'tokens':>7} {'tok/s':>8} {'speedup':>8} {'A':>6} {'mid/step':>8} {'lossless':>8}"
-    )
-    lines = [head, "-" * len(head)]
+def format_table(rows: dict[str, PolicyMeasurement], gain: bool = False) -> str:
+    """A plain-text table, one line per policy: tokens, tok/s, speedup over AR, A, the share of
+    drafting steps that called the mid drafter, with ``gain`` the net wall-clock gain over AR in
+    percent (speedup - 1: the prefill is in both walls), and whether the output was lossless."""
+    head = [f"{'policy':<12} {'tokens':>7} {'tok/s':>8} {'speedup':>8} {'A':>6} {'mid/step':>8}"]
+    if gain:
+        head.append(f"{'gain':>8}")
+    head.append(f"{'lossless':>8}")
+    lines = [" ".join(head)]
+    lines.append("-" * len(lines[0]))
     for m in rows.values():
-        lines.append(
-            f"{m.name:<12} {m.n_tokens:>7d} {m.tokens_per_s:>8.1f} {m.speedup_vs_ar:>7.2f}x "
-            f"{m.mean_accepted_length:>6.2f} {m.mid_call_rate:>8.2f} {'yes' if m.lossless else 'NO':>8}"
-        )
+        cells = [
+            f"{m.name:<12}",
+            f"{m.n_tokens:>7d}",
+            f"{m.tokens_per_s:>8.1f}",
+            f"{m.speedup_vs_ar:>7.2f}x",
+            f"{m.mean_accepted_length:>6.2f}",
+            f"{m.mid_call_rate:>8.2f}",
+        ]
+        if gain:
+            cells.append(f"{100 * (m.speedup_vs_ar - 1):>+7.1f}%")
+        cells.append(f"{'yes' if m.lossless else 'NO':>8}")
+        lines.append(" ".join(cells))
     return "\n".join(lines)

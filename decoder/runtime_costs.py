@@ -3,7 +3,7 @@
 Contract: a scheduler sees a `RuntimeContext` (prompt length, the time to verify its tree, the time
 of a mid call over one step's frontier). The two times depend only on the pair's latency curves
 and the tree shape, not on the prompt: :func:`runtime_costs` reads them from anything with
-``verify_ms(n)``, ``mid_ms(n)`` and ``has_mid`` (collectors.pricing.latency.LatencyProfile), and
+``verify_ms(n)``, ``mid_ms(n)`` and ``has_mid`` (decoder.latency.LatencyProfile), and
 :meth:`RuntimeCosts.context` adds one prompt's length. A deployment bundle stores the two numbers,
 so the decoder builds the same contexts as the pipeline without the profile or its code.
 """

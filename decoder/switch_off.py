@@ -4,7 +4,7 @@ Contract: `SwitchOff` wraps a TreeGraft scheduler (a fixed schedule or a learned
 every drafting step as the wrapped one does. Before each round the loop asks it
 (`speculate_round`) whether the round drafts at all; after it, the wrapper reads the round's
 statistics (`round_done`) and prices them with a `RoundPricer` (the pair's measured cost model:
-collectors/pricing/round_prices.py builds one from a LatencyProfile). A round's realised excess over AR is
+decoder/round_prices.py builds one from a LatencyProfile). A round's realised excess over AR is
 its priced ms minus the ms of as many autoregressive steps as it emitted tokens; a round with a
 positive excess is *losing*.
 
@@ -26,7 +26,7 @@ RoundModes) show what it did. State is per generation: ``reset`` runs at every `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from decoder.outcome import OFF, RoundStats
 from decoder.policies import (
@@ -38,6 +38,10 @@ from decoder.policies import (
     parse_policy,
     start_generation,
 )
+from decoder.round_prices import ProfilePricer
+
+if TYPE_CHECKING:
+    from decoder.deployment import Deployment
 
 
 class RoundPricer(Protocol):
@@ -191,3 +195,13 @@ class SwitchOff:
         return SwitchOffReport(
             c["speculated"], c["off"], c["switch_offs"], c["probes"], self._priced, self._ar_ms
         )
+
+
+def for_deployment(deployment: Deployment, rule: SwitchOffRule | None = None) -> str | SwitchOff:
+    """A deployment bundle's policy (decoder.deployment.load_deployment) wrapped in SwitchOff, every
+    round priced with the bundle's latency profile; AR, which has nothing to switch off, stays AR.
+    A fresh wrapper per call (it resets at every generate)."""
+    if deployment.policy == AR:
+        return AR
+    inner = parse_policy(deployment.policy, deployment.config.tree.depth)
+    return SwitchOff(inner, ProfilePricer.for_policy(deployment.profile, inner), rule)

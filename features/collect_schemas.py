@@ -11,6 +11,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
+from config.params import COLLECT_MODES
 from decoder.state import CONTEXT_NAMES, RECORDED_NAMES, state_feature_names
 from features.contracts import (
     Contract,
@@ -40,7 +41,6 @@ _OUTCOME = (
     ("throughput_tok_per_s", pa.float64()),
 )
 
-COLLECT_MODES = ("replay", "execute")
 _REPORT = ("report_id",)
 _OUTCOME_RULES = (
     *non_negative("mean_accepted_length", "throughput_tok_per_s"),
@@ -61,6 +61,15 @@ def pow2(exponent: pl.Expr) -> pl.Expr:
 
 def popcount(column: str, width: int) -> pl.Expr:
     return pl.sum_horizontal((pl.col(column).cast(pl.Int64) // (2**j)) % 2 for j in range(width))
+
+
+def entries_per(column: str, count: str, unit: str, total: str | None = None) -> tuple[Rule, ...]:
+    """A list column holds one entry per ``unit`` (``count`` of them) and, given ``total``, sums to it."""
+    entries = pl.col(column).list
+    length = Rule(column, f"one entry per {unit}", entries.len() == pl.col(count))
+    if total is None:
+        return (length,)
+    return length, Rule(column, f"sums to {total}", entries.sum() == pl.col(total))
 
 
 def _trajectory_contract() -> Contract:
@@ -84,32 +93,10 @@ def _trajectory_contract() -> Contract:
             *_OUTCOME_RULES,
             *elements_non_negative("mid_call_tokens", "verified_nodes_per_round", "prompt_n_tokens"),
             *elements_non_negative("prompt_latency_ms"),
-            Rule(
-                "mid_call_tokens",
-                "one entry per mid call",
-                pl.col("mid_call_tokens").list.len() == pl.col("n_mid_calls"),
-            ),
-            Rule(
-                "mid_call_tokens",
-                "sums to mid_tokens",
-                pl.col("mid_call_tokens").list.sum() == pl.col("mid_tokens"),
-            ),
-            Rule(
-                "verified_nodes_per_round",
-                "one entry per round, summing to verified_nodes",
-                (pl.col("verified_nodes_per_round").list.len() == pl.col("n_rounds"))
-                & (pl.col("verified_nodes_per_round").list.sum() == pl.col("verified_nodes")),
-            ),
-            Rule(
-                "prompt_n_tokens",
-                "one entry per prompt",
-                pl.col("prompt_n_tokens").list.len() == pl.col("n_prompts"),
-            ),
-            Rule(
-                "prompt_latency_ms",
-                "one entry per prompt",
-                pl.col("prompt_latency_ms").list.len() == pl.col("n_prompts"),
-            ),
+            *entries_per("mid_call_tokens", "n_mid_calls", "mid call", total="mid_tokens"),
+            *entries_per("verified_nodes_per_round", "n_rounds", "round", total="verified_nodes"),
+            *entries_per("prompt_n_tokens", "n_prompts", "prompt"),
+            *entries_per("prompt_latency_ms", "n_prompts", "prompt"),
         ),
         groups=(
             GroupRule(
@@ -237,10 +224,10 @@ def rounds_spec(depth: int) -> TableSpec:
     """Replay's round-level table: every schedule's outcome from every visited round start.
 
     ``prompt_tokens``: the prompt's own length; ``mid_lag``: committed tokens the mid drafter's
-    cache lacks at this start (collectors.collect.replay.arrival_lag); ``round_latency_ms`` prices the
+    cache lacks at this start (collectors.collect.trajectory.arrival_lag); ``round_latency_ms`` prices the
     round as execute mode would with that lag (its first mid call also catches up ``mid_lag``)
     and the ``prompt_blocks`` of the prompt's top-m rows it reads that the arrival the lag comes
-    from had not read (collectors.collect.replay.arrival), one scheduler decision per step included;
+    from had not read (collectors.collect.trajectory.arrival), one scheduler decision per step included;
     ``decision_ms``: the profile's cost of one decision, ``decision_cold_ms``: its extra once per
     round that decides (a fixed schedule, deciding nothing, pays neither).
     """

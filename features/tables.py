@@ -17,7 +17,6 @@ editor who rewrites ``tables.json`` as well.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from decoder.files import fsync_dir
+from decoder.files import fsync_dir, sha256_of_file
 from features.contracts import NO_CONTRACT, Contract, first_violation
 
 VERSION_KEY = b"treegraft_schema"
@@ -87,7 +86,7 @@ def write_table(path: Path, spec: TableSpec, table: pa.Table) -> None:
     try:
         pq.write_table(table.replace_schema_metadata(spec.schema.metadata), tmp)
         fsync_file(tmp)
-        digest = digest_file(tmp)
+        digest = sha256_of_file(tmp)
         os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:
@@ -105,15 +104,7 @@ def write_tables(folder: Path, tables: Mapping[str, tuple[TableSpec, pa.Table]])
     (folder / MANIFEST).unlink(missing_ok=True)
     for name, (spec, table) in tables.items():
         write_table(folder / f"{name}.parquet", spec, table)
-    _write_manifest(folder, {f"{name}.parquet": digest_file(folder / f"{name}.parquet") for name in tables})
-
-
-def digest_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    _write_manifest(folder, {f"{n}.parquet": sha256_of_file(folder / f"{n}.parquet") for n in tables})
 
 
 def read_manifest(folder: Path) -> dict[str, str]:
@@ -147,7 +138,7 @@ def _write_manifest(folder: Path, recorded: Mapping[str, str]) -> None:
 def check_digest(path: Path) -> None:
     """Raise ContractError if ``tables.json`` beside ``path`` records another sha256 for it."""
     want = read_manifest(path.parent).get(path.name)
-    if want is not None and digest_file(path) != want:
+    if want is not None and sha256_of_file(path) != want:
         raise ContractError(
             f"{path}: sha256 differs from the digest its writer recorded in {path.parent / MANIFEST} "
             "(changed or corrupted since it was written)"

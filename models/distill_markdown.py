@@ -6,6 +6,8 @@ states, the training-set choice) and models.gate (the decision-priced round walk
 
 from __future__ import annotations
 
+from tabulate import tabulate
+
 from models.distill_metrics import LABELS, Results, vs_endpoint
 from models.gate import parse_backoff_key
 from models.offline import summary
@@ -26,23 +28,29 @@ def offline_markdown(results: Results, train_set: dict, metrics: dict) -> str:
     """offline.md: the policies' summary, the training-set choice, the round walks, per report."""
     policies = offline_policies(results)
     summ, gaps = summary(results), vs_endpoint(results)
-    lines = [
-        "| policy | mean tok/s | % of best (mean of ratios) | worst report vs better endpoint |",
-        "|---|---|---|---|",
-    ]
-    for p in policies:
-        gap = f"{gaps[p]['min_pct']:+.1f}%" if p in gaps else ""
-        lines.append(
-            f"| {LABELS[p]} | {summ[p]['mean_tok_per_s']:.2f} | {summ[p]['mean_pct_of_best']:.1f}% | {gap} |"
-        )
+    lines = _table(
+        ["policy", "mean tok/s", "% of best (mean of ratios)", "worst report vs better endpoint"],
+        [
+            [
+                LABELS[p],
+                f"{summ[p]['mean_tok_per_s']:.2f}",
+                f"{summ[p]['mean_pct_of_best']:.1f}%",
+                f"{gaps[p]['min_pct']:+.1f}%" if p in gaps else "",
+            ]
+            for p in policies
+        ],
+    )
     lines += _train_set_lines(train_set)
     lines += _gate_lines(metrics)
     lines += _by_report_lines(metrics)
-    lines += ["", "| report | " + " | ".join(LABELS[p] for p in policies) + " |"]
-    lines.append("|" + "---|" * (len(policies) + 1))
-    for report, row in results.items():
-        cells = [f"{row[p].tok_per_s:.2f} ({row[p].schedule})" for p in policies]
-        lines.append(f"| {report} | " + " | ".join(cells) + " |")
+    per_report = _table(
+        ["report", *(LABELS[p] for p in policies)],
+        [
+            [report, *(f"{row[p].tok_per_s:.2f} ({row[p].schedule})" for p in policies)]
+            for report, row in results.items()
+        ],
+    )
+    lines += ["", *per_report]
     return (
         "\n".join(lines) + "\n\nCells: realised tok/s (reached schedule, step 1 first). Every row except "
         "the last decides each report with models that never saw it (leave-one-pair-out: never saw its "
@@ -82,25 +90,40 @@ def _train_set_lines(ts: dict) -> list[str]:
         )
         + "):",
         "",
-        "| training states | % of best (walked, canonical states) "
-        "| % of the round oracle (walked, round starts) | invoke share | fold thresholds |",
-        "|---|---|---|---|---|",
     ]
     walks = ts.get("round_walk_pct_of_oracle", {})
-    for n, pct in ts["oof_pct_of_best"].items():
-        walk = f"{walks[n]:.1f}%" if n in walks else ""
-        thr = ", ".join(f"{t:.2f}" for t in ts["fold_thresholds"][n])
-        lines.append(f"| {n} | {pct:.1f}% | {walk} | {100 * ts['oof_invoke_share'][n]:.1f}% | {thr} |")
+    body = [
+        [
+            n,
+            f"{pct:.1f}%",
+            f"{walks[n]:.1f}%" if n in walks else "",
+            f"{100 * ts['oof_invoke_share'][n]:.1f}%",
+            ", ".join(f"{t:.2f}" for t in ts["fold_thresholds"][n]),
+        ]
+        for n, pct in ts["oof_pct_of_best"].items()
+    ]
     if "mse" in walks:
-        lines.append(f"| MSE + threshold 0, canonical (loss auto's other) | | {walks['mse']:.1f}% | | |")
+        body.append(["MSE + threshold 0, canonical (loss auto's other)", "", f"{walks['mse']:.1f}%", "", ""])
     if "no_lookahead" in walks:
-        lines.append(
-            f"| {ts['lookahead_lead_vs']} without the n-gram lookahead (set to 0) | "
-            f"{ts['no_lookahead_oof_pct_of_best']:.1f}% | {walks['no_lookahead']:.1f}% | | |"
+        body.append(
+            [
+                f"{ts['lookahead_lead_vs']} without the n-gram lookahead (set to 0)",
+                f"{ts['no_lookahead_oof_pct_of_best']:.1f}%",
+                f"{walks['no_lookahead']:.1f}%",
+                "",
+                "",
+            ]
         )
     if "all_small" in walks:
-        lines.append(f"| All-Small (reference) | | {walks['all_small']:.1f}% | 0.0% | |")
-    return lines
+        body.append(["All-Small (reference)", "", f"{walks['all_small']:.1f}%", "0.0%", ""])
+    head = [
+        "training states",
+        "% of best (walked, canonical states)",
+        "% of the round oracle (walked, round starts)",
+        "invoke share",
+        "fold thresholds",
+    ]
+    return lines + _table(head, body)
 
 
 def _gate_lines(metrics: dict) -> list[str]:
@@ -135,10 +158,11 @@ def _gate_lines(metrics: dict) -> list[str]:
         f"round-table starts): "
         f"**{backoff}**.",
         "",
-        "| rule | % of the round oracle |",
-        "|---|---|",
     ]
-    lines += [f"| {name} | {v:.2f}% |" for name, v in walks.items() if parse_backoff_key(name) is None]
+    lines += _table(
+        ["rule", "% of the round oracle"],
+        [[name, f"{v:.2f}%"] for name, v in walks.items() if parse_backoff_key(name) is None],
+    )
     grid: dict[int, dict[float, float]] = {}
     for name, v in walks.items():
         if (ch := parse_backoff_key(name)) is not None:
@@ -149,13 +173,14 @@ def _gate_lines(metrics: dict) -> list[str]:
         "Cross-round backoff, % of the round oracle: cap c (rows) x idle margin h (columns; c = 0 never "
         "skips).",
         "",
-        "| c | " + " | ".join(f"h = {m:.3g}" for m in margins) + " |",
-        "|---|" + "---|" * len(margins),
     ]
-    return lines + [
-        f"| {c} | " + " | ".join(f"{row[m]:.2f}%" if m in row else "" for m in margins) + " |"
-        for c, row in sorted(grid.items())
-    ]
+    return lines + _table(
+        ["c", *(f"h = {m:.3g}" for m in margins)],
+        [
+            [str(c), *(f"{row[m]:.2f}%" if m in row else "" for m in margins)]
+            for c, row in sorted(grid.items())
+        ],
+    )
 
 
 def _by_report_lines(metrics: dict) -> list[str]:
@@ -173,14 +198,26 @@ def _by_report_lines(metrics: dict) -> list[str]:
         f"best fixed schedule: mean {vs['vs_best_fixed_mean_pct']:+.1f}%, worst "
         f"{vs['vs_best_fixed_worst_pct']:+.1f}%, within 1% on {vs['within_1pct_of_best_fixed']}.",
         "",
-        "| report | student | All-Small | All-Mid | best fixed (schedule) | vs better endpoint "
-        "| vs best fixed |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['report_id']} | {r['student']:.1f}% | {r['all_small']:.1f}% | {r['all_mid']:.1f}% | "
-            f"{r['best_fixed']:.1f}% ({r['best_schedule']}) | {r['vs_better_endpoint_pct']:+.1f}% | "
-            f"{r['vs_best_fixed_pct']:+.1f}% |"
-        )
-    return lines
+    head = [
+        "report", "student", "All-Small", "All-Mid", "best fixed (schedule)", "vs better endpoint",
+        "vs best fixed",
+    ]  # fmt: skip
+    body = [
+        [
+            r["report_id"],
+            f"{r['student']:.1f}%",
+            f"{r['all_small']:.1f}%",
+            f"{r['all_mid']:.1f}%",
+            f"{r['best_fixed']:.1f}% ({r['best_schedule']})",
+            f"{r['vs_better_endpoint_pct']:+.1f}%",
+            f"{r['vs_best_fixed_pct']:+.1f}%",
+        ]
+        for r in rows
+    ]
+    return lines + _table(head, body)
+
+
+def _table(head: list[str], body: list[list[str]]) -> list[str]:
+    """A GitHub markdown table's lines; every cell is printed as given (no number parsing)."""
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True).split("\n")

@@ -18,12 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
 from config.params import ModelSpec, TrainParams
 
 log = logging.getLogger(__name__)
+
+MIN_LR_RATE = 0.1  # the cosine's floor, a share of the peak learning rate
 
 ARCHS: dict[str, tuple[type, type[PreTrainedModel]]] = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
@@ -104,11 +107,19 @@ def sample_windows(tokens: np.ndarray, batch: int, seq_len: int, rng: np.random.
     return torch.from_numpy(np.stack([tokens[s : s + seq_len] for s in starts]).astype(np.int64))
 
 
-def _lr_at(step: int, total: int, train: TrainParams) -> float:
-    if step < train.warmup_steps:
-        return train.lr * (step + 1) / train.warmup_steps
-    progress = (step - train.warmup_steps) / max(1, total - train.warmup_steps)
-    return train.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def warmup_cosine(opt: torch.optim.Optimizer, steps: int, warmup: int) -> LRScheduler:
+    """The learning rate per step, as fractions of the optimizer's lr: linear warm-up from 1/warmup at
+    step 0 to 1 at step warmup - 1, then a half cosine from 1 at step warmup down towards
+    MIN_LR_RATE, which it would reach at step ``steps`` (one past the last). Step it after each
+    optimizer step."""
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0 steps, got {warmup}")
+    peak = opt.defaults["lr"]
+    cosine = CosineAnnealingLR(opt, T_max=max(1, steps - warmup), eta_min=MIN_LR_RATE * peak)
+    if warmup == 0:
+        return cosine
+    linear = LinearLR(opt, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1)
+    return SequentialLR(opt, [linear, cosine], milestones=[warmup])
 
 
 def train_loop(
@@ -122,17 +133,17 @@ def train_loop(
     """AdamW with warm-up and cosine decay; ``next_batch(step)`` supplies [B, T] token ids."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    schedule = warmup_cosine(opt, steps, train.warmup_steps)
     start, n_tokens, ema = time.perf_counter(), 0, float("nan")
     bar = tqdm(range(steps), desc=desc, mininterval=5.0, leave=False)
     for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, steps, train)
         batch = next_batch(step)
         loss = loss_fn(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        schedule.step()
         n_tokens += batch.numel()
         ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
         bar.set_postfix(loss=f"{ema:.3f}", refresh=False)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import polars as pl
 import pyarrow as pa
+from tqdm import tqdm
 
 from config.params import DistillParams
 from decoder.state import LOOKAHEAD_NAME, state_feature_names
@@ -139,7 +140,8 @@ def set_inputs(
 
 @dataclass(frozen=True)
 class _Setup:
-    """What every fit of one distill run shares: the states, their folds and the threshold rules."""
+    """What every fit of one distill run shares: the states, their folds, the threshold rules and
+    the student's training spec."""
 
     states: pa.Table
     depth: int
@@ -148,7 +150,7 @@ class _Setup:
     fold_signals: list[tuple[str, ...]]
     walked_rule: Chooser  # the canonical-state rule
     by_rounds: bool  # distill.threshold_rule is rounds
-    tolerance_pct: float
+    spec: StudentSpec
 
     def z(self, signals: tuple[str, ...]) -> np.ndarray:
         return state_matrix(self.states, state_feature_names(self.depth, signals))
@@ -158,13 +160,34 @@ class _Setup:
         if not self.by_rounds:
             return self.walked_rule
         assert self.rs is not None
-        return round_chooser(self.rs, round_z, self.folds, self.depth, self.tolerance_pct)
+        return round_chooser(self.rs, round_z, self.folds, self.depth, self.spec.tolerance_pct)
 
     def round_inputs(self, r: RoundSet | None, signals: Sequence[tuple[str, ...]]) -> list[np.ndarray]:
         return [] if r is None else [r.z(self.depth, s) for s in signals]
 
     def round_walk(self, fit: CrossFit, rs: RoundSet) -> np.ndarray:
         return round_walk_by_report(fit, rs, self.depth, self.fold_signals)
+
+
+def _setup(
+    cfg: DistillParams,
+    depth: int,
+    states: pa.Table,
+    replay: Replay,
+    regret: np.ndarray,
+    rs: RoundSet | None,
+    fold_signals: list[tuple[str, ...]],
+) -> _Setup:
+    """The shared setup of ``cfg``'s fits; ValueError on a loss or threshold rule it cannot run."""
+    if cfg.loss not in LOSS_CHOICES:
+        raise ValueError(f"distill.loss must be one of {LOSS_CHOICES}, got {cfg.loss!r}")
+    loss = "weighted_logistic" if cfg.loss == "auto" else cfg.loss
+    spec = StudentSpec(loss, cfg.hidden, cfg.train, cfg.skip_tolerance_pct, nested_threshold=True)
+    walked_rule = canonical_chooser(cfg, depth, column(states, "report_id"), replay, regret)
+    by_rounds = cfg.threshold_rule == "rounds"
+    if by_rounds and rs is None:
+        raise ValueError("distill.threshold_rule rounds walks round states: train_set canonical loads none")
+    return _Setup(states, depth, rs, fold_rows(states, "report"), fold_signals, walked_rule, by_rounds, spec)
 
 
 def without_lookahead(z: np.ndarray, depth: int, signals: tuple[str, ...]) -> np.ndarray:
@@ -178,9 +201,7 @@ def _walked(decisions: np.ndarray, replay: Replay, depth: int) -> float:
     return walked_pct_of_best(decisions, replay, sorted(replay.by_report), depth)
 
 
-def _no_lookahead_fit(
-    su: _Setup, winner: str, per_fold: list[FoldInputs], spec: StudentSpec
-) -> tuple[CrossFit, np.ndarray]:
+def _no_lookahead_fit(su: _Setup, winner: str, per_fold: list[FoldInputs]) -> tuple[CrossFit, np.ndarray]:
     """What the lookahead is worth: the winner's training states without it, and its round walk."""
     assert su.rs is not None
     flat = replace(su.rs, frame=su.rs.frame.with_columns(pl.lit(0.0).alias(LOOKAHEAD_NAME)))
@@ -189,13 +210,13 @@ def _no_lookahead_fit(
         set_inputs(winner, without_lookahead(p.z, su.depth, s), p.margin, su.folds, flat, zr)
         for p, s, zr in zip(per_fold, su.fold_signals, flat_z, strict=True)
     ]
-    blind_spec = scaled_epochs(spec, len(blind[0].rows(su.folds).folds), len(su.folds))
+    blind_spec = scaled_epochs(su.spec, len(blind[0].rows(su.folds).folds), len(su.folds))
     fit = cross_fit(blind, su.folds, su.choose(flat_z), blind_spec)
     return fit, su.round_walk(fit, flat)
 
 
 def _fit_sets(
-    su: _Setup, per_fold: list[FoldInputs], names: tuple[str, ...], spec: StudentSpec
+    su: _Setup, per_fold: list[FoldInputs], names: tuple[str, ...], bar: tqdm
 ) -> dict[str, CrossFit]:
     """Each training set's out-of-fold fit, scored on the canonical states ``per_fold`` holds."""
     round_z = su.round_inputs(
@@ -207,9 +228,70 @@ def _fit_sets(
             set_inputs(name, p.z, p.margin, su.folds, su.rs, round_z[f] if round_z else None)
             for f, p in enumerate(per_fold)
         ]
-        set_spec = scaled_epochs(spec, len(inputs[0].rows(su.folds).folds), len(su.folds))
+        set_spec = scaled_epochs(su.spec, len(inputs[0].rows(su.folds).folds), len(su.folds))
         by_set[name] = cross_fit(inputs, su.folds, su.choose(round_z), set_spec)
+        bar.update()
     return by_set
+
+
+@dataclass(frozen=True)
+class _Export:
+    """Which out-of-fold fit is exported, with the walks' tests behind the choice."""
+
+    winner: str  # the training set, after the noise test that may export "both"
+    best: str  # the training set with the best out-of-fold walk
+    export_mse: bool  # the paper's MSE student instead of the winner's thresholded one
+    mse_lead: tuple[str, float, float] | None  # (winner, MSE's lead over it, standard error)
+
+
+def _choose_export(
+    cfg: DistillParams, fits: dict[str, CrossFit], walks: dict[str, np.ndarray], replay: Replay, depth: int
+) -> _Export:
+    """The training set and loss to export, from each set's and the MSE student's (``fits["mse"]``)
+    out-of-fold walk over the round starts (``walks``), or without round states the walked % of
+    best on the canonical states."""
+
+    def merit(name: str) -> float:
+        return float(walks[name].mean()) if walks else _walked(fits[name].decisions, replay, depth)
+
+    best = max((n for n in fits if n != "mse"), key=lambda n: (merit(n), -TRAIN_SETS.index(n)))
+    winner = unless_within_noise(best, walks) if walks else best
+    # auto: the paper's MSE student (canonical states, threshold 0) is exported when its OOF walk
+    # beats the thresholded one's; with round walks, by more than one standard error of their
+    # paired per-report difference, as the other choices here: when the walk cannot tell them
+    # apart, the issue's thresholded student. One run exported an MSE student that led by 0.5
+    # points; it called the mid drafter at 70% of zoo-chat-l humaneval's steps, 20% behind
+    # All-Small there. Chosen on the same OOF rows it reports, so optimistic.
+    mse_lead = (winner, *paired_lead(walks["mse"], walks[winner])) if walks else None
+    export_mse = cfg.loss == "auto" and (
+        mse_lead[1] > mse_lead[2] if mse_lead else merit("mse") > merit(winner)
+    )
+    return _Export(winner, best, export_mse, mse_lead)
+
+
+def _ablation_fits(
+    su: _Setup,
+    tg: Targets,
+    winner: str,
+    per_fold: list[FoldInputs],
+    by_pair_fold: list[tuple[str, ...]],
+    bar: tqdm,
+) -> tuple[dict[str, CrossFit], np.ndarray | None]:
+    """The size-0 student, the winner's training set without the n-gram lookahead (with round
+    states; its round walk returned beside) and the leave-one-pair-out student (with pair folds)."""
+    size0 = [FoldInputs(su.z(()), tg.by_fold[:, f]) for f in range(len(per_fold))]
+    size0_round = su.round_inputs(su.rs, [()]) * len(size0)  # one input matrix: every fold reads no signal
+    fits = {"student_size0_oof": cross_fit(size0, su.folds, su.choose(size0_round), su.spec)}
+    bar.update()
+    blind_walk = None
+    if su.rs is not None:
+        fits["student_no_lookahead_oof"], blind_walk = _no_lookahead_fit(su, winner, per_fold)
+        bar.update()
+    if by_pair_fold:
+        lopo = [FoldInputs(su.z(s), tg.oracle) for s in by_pair_fold]
+        fits["student_lopo"] = cross_fit(lopo, fold_rows(su.states, "pair"), su.walked_rule, su.spec)
+        bar.update()
+    return fits, blind_walk
 
 
 def fit_students(
@@ -222,74 +304,47 @@ def fit_students(
     rs: RoundSet | None,
     signals: SignalSets,
 ) -> Students:
-    """Every out-of-fold student and the exported one (module docstring)."""
-    if cfg.loss not in LOSS_CHOICES:
-        raise ValueError(f"distill.loss must be one of {LOSS_CHOICES}, got {cfg.loss!r}")
-    loss = "weighted_logistic" if cfg.loss == "auto" else cfg.loss
-    spec = StudentSpec(loss, cfg.hidden, cfg.train, cfg.skip_tolerance_pct, nested_threshold=True)
-    walked_rule = canonical_chooser(cfg, depth, column(states, "report_id"), replay, regret)
-    by_rounds = cfg.threshold_rule == "rounds"
-    if by_rounds and rs is None:
-        raise ValueError("distill.threshold_rule rounds walks round states: train_set canonical loads none")
-    folds = fold_rows(states, "report")
-    su = _Setup(
-        states, depth, rs, folds, signals.by_report_fold, walked_rule, by_rounds, cfg.skip_tolerance_pct
-    )
+    """Every out-of-fold student and the exported one (module docstring); a progress bar on stderr
+    counts the cross-fits."""
+    su = _setup(cfg, depth, states, replay, regret, rs, signals.by_report_fold)
     per_fold = [FoldInputs(su.z(s), tg.by_fold[:, f]) for f, s in enumerate(su.fold_signals)]
-    by_set = _fit_sets(su, per_fold, train_sets(cfg.train_set), spec)
-    mse_spec = replace(spec, loss="mse", nested_threshold=False)
-    mse = cross_fit(per_fold, folds, None, mse_spec)
-    walked = {**by_set, "mse": mse}
-    walks = {}
-    if rs is not None:
-        walks = {n: su.round_walk(f, rs) for n, f in walked.items()}
-
-    def merit(name: str) -> float:  # the walk over round starts where round states are loaded
-        return float(walks[name].mean()) if walks else _walked(walked[name].decisions, replay, depth)
-
-    best = max(by_set, key=lambda n: (merit(n), -TRAIN_SETS.index(n)))
-    winner = unless_within_noise(best, walks) if walks else best
-    # auto: the paper's MSE student (canonical states, threshold 0) is exported when its OOF walk
-    # beats the thresholded one's; with round walks, by more than one standard error of their
-    # paired per-report difference, as the other choices here: when the walk cannot tell them
-    # apart, the issue's thresholded student. One run exported an MSE student that led by 0.5
-    # points; it called the mid drafter at 70% of zoo-chat-l humaneval's steps, 20% behind
-    # All-Small there. Chosen on the same OOF rows it reports, so optimistic.
-    mse_lead = (winner, *paired_lead(walks["mse"], walks[winner])) if walks else None
-    export_mse = cfg.loss == "auto" and (
-        mse_lead[1] > mse_lead[2] if mse_lead else merit("mse") > merit(winner)
-    )
-    fits = {"student_oof": mse if export_mse else by_set[winner]}
-    fits.update({f"student_{n}_oof": f for n, f in by_set.items() if len(by_set) > 1 or export_mse})
-    fits["student_mse_oof"] = mse
-    size0 = [FoldInputs(su.z(()), tg.by_fold[:, f]) for f in range(len(per_fold))]
-    size0_round = su.round_inputs(rs, [()]) * len(size0)  # one input matrix: every fold reads no signal
-    fits["student_size0_oof"] = cross_fit(size0, folds, su.choose(size0_round), spec)
-    if rs is not None:
-        fits["student_no_lookahead_oof"], walks["no_lookahead"] = _no_lookahead_fit(
-            su, winner, per_fold, spec
+    names = train_sets(cfg.train_set)
+    total = len(names) + 3 + (rs is not None) + bool(signals.by_pair_fold)  # + MSE, size 0, the export
+    with tqdm(total=total, desc="distill (student fits)", unit="fit") as bar:
+        by_set = _fit_sets(su, per_fold, names, bar)
+        mse_spec = replace(su.spec, loss="mse", nested_threshold=False)
+        mse = cross_fit(per_fold, su.folds, None, mse_spec)
+        bar.update()
+        walked = {**by_set, "mse": mse}
+        walks = {n: su.round_walk(f, rs) for n, f in walked.items()} if rs is not None else {}
+        pick = _choose_export(cfg, walked, walks, replay, depth)
+        fits = {"student_oof": mse if pick.export_mse else by_set[pick.winner]}
+        fits.update({f"student_{n}_oof": f for n, f in by_set.items() if len(by_set) > 1 or pick.export_mse})
+        fits["student_mse_oof"] = mse
+        ablations, blind_walk = _ablation_fits(su, tg, pick.winner, per_fold, signals.by_pair_fold, bar)
+        fits.update(ablations)
+        if blind_walk is not None:
+            walks["no_lookahead"] = blind_walk
+        final = (
+            fit_student(su.z(signals.chosen), tg.final, np.ones(len(su.folds), dtype=bool), mse_spec)
+            if pick.export_mse
+            else _final_student(su, pick.winner, signals.chosen, tg.final)
         )
-    lookahead_lead = (winner, *paired_lead(walks[winner], walks["no_lookahead"])) if walks else None
-    if signals.by_pair_fold:
-        lopo = [FoldInputs(su.z(s), tg.oracle) for s in signals.by_pair_fold]
-        fits["student_lopo"] = cross_fit(lopo, fold_rows(states, "pair"), walked_rule, spec)
-    leads = (mse_lead, best, lookahead_lead)
-    if export_mse:
-        final = fit_student(su.z(signals.chosen), tg.final, np.ones(len(folds), dtype=bool), mse_spec)
+        bar.update()
+    lookahead_lead = (pick.winner, *paired_lead(walks[pick.winner], walks["no_lookahead"])) if walks else None
+    leads = (pick.mse_lead, pick.best, lookahead_lead)
+    if pick.export_mse:
         return Students(fits, final, 0.0, "canonical", by_set, "mse", walks, *leads)
-    final = _final_student(su, winner, signals.chosen, tg.final, spec)
     # Each fold's threshold was chosen by the same procedure on 1 - 1/k of the reports: their median
     # is that procedure's choice. Re-choosing on the pooled OOF scores would mix k models' scales
     # (on synthetic data the largest near-best t there was 3x the folds' own).
-    threshold = float(np.median(by_set[winner].thresholds))
-    return Students(fits, final, threshold, winner, by_set, loss, walks, *leads)
+    threshold = float(np.median(by_set[pick.winner].thresholds))
+    return Students(fits, final, threshold, pick.winner, by_set, su.spec.loss, walks, *leads)
 
 
-def _final_student(
-    su: _Setup, name: str, signals: tuple[str, ...], margin: np.ndarray, spec: StudentSpec
-) -> FittedStudent:
+def _final_student(su: _Setup, name: str, signals: tuple[str, ...], margin: np.ndarray) -> FittedStudent:
     """The exported student: training set ``name`` of every report, epochs scaled to its rows."""
     zr = None if su.rs is None else su.rs.z(su.depth, signals)
     rows = set_inputs(name, su.z(signals), margin, su.folds, su.rs, zr).rows(su.folds)
-    final_spec = scaled_epochs(spec, len(rows.folds), len(su.folds))
+    final_spec = scaled_epochs(su.spec, len(rows.folds), len(su.folds))
     return fit_student(rows.z, rows.margin, np.ones(len(rows.folds), dtype=bool), final_spec)

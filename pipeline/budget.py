@@ -42,6 +42,8 @@ import logging
 import math
 from pathlib import Path
 
+from tabulate import tabulate
+
 from collectors.collect.plan import (
     dataset_file,
     load_registered_pair,
@@ -53,8 +55,8 @@ from collectors.collect.report import ReportSpec
 from collectors.evaluation.plots import new_figure
 from collectors.pricing.budget_file import BUDGETS_FILE, write_budgets
 from collectors.pricing.budget_sweep import PolicySweep, RoundRule, round_rules, sweep_pair
-from collectors.pricing.latency import LatencyProfile
 from config.params import Params, resolve
+from decoder.latency import LatencyProfile
 from decoder.policies import AR
 from pipeline.cli import run_stage
 from pipeline.runtime import apply_runtime
@@ -253,28 +255,38 @@ def measure_pair(params: Params, pair_id: str) -> dict:
 
 
 def markdown(entries: dict[str, dict], b_max: int) -> str:
-    lines = [
-        f"| pair | B* | W x m | policy | speedup @ B* | speedup @ B={b_max} | gain | SABA B | speedup @ SABA "
-        "| best B per policy | per-round rule | decodes with |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    """budgets.md: one row per pair (a fixed-mode pair shows its budget and dashes)."""
+    head = [
+        "pair", "B*", "W x m", "policy", "speedup @ B*", f"speedup @ B={b_max}", "gain", "SABA B",
+        "speedup @ SABA", "best B per policy", "per-round rule", "decodes with",
+    ]  # fmt: skip
+    fixed = ["-", "fixed", *["-"] * 8]  # W x m through decodes with
+    body = [
+        [pair_id, str(e["budget"]), *fixed] if e["mode"] == "fixed" else _measured_row(pair_id, e)
+        for pair_id, e in entries.items()
     ]
-    for pair_id, e in entries.items():
-        if e["mode"] == "fixed":
-            lines.append(f"| {pair_id} | {e['budget']} | - | fixed | - | - | - | - | - | - | - | - |")
-            continue
-        per = ", ".join(
-            f"{n} {p['best_budget']} ({p['best_speedup']:.2f}x)" for n, p in e["policies"].items()
-        )
-        min_n = e.get("ngram_min_n", 1)
-        shape = f"{e['width']} x {e['topk']}" + (f", n-gram n >= {min_n}" if min_n > 1 else "")
-        lines.append(
-            f"| {pair_id} | {e['budget']} | {shape} | {e['policy']} "
-            f"| {e['speedup_at_budget']:.2f}x "
-            f"| {e['speedup_at_max']:.2f}x | {e['speedup_at_budget'] / e['speedup_at_max']:.2f} "
-            f"| {e['saba_budget']} ({e['saba_policy']}) | {e['speedup_at_saba']:.2f}x | {per} "
-            f"| {rule_text(e)} | {e['decode_policy']} |"
-        )
-    return "\n".join(lines) + "\n"
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n"
+
+
+def _measured_row(pair_id: str, e: dict) -> list[str]:
+    """A measured pair's cells, each formatted as budgets.md prints it."""
+    per = ", ".join(f"{n} {p['best_budget']} ({p['best_speedup']:.2f}x)" for n, p in e["policies"].items())
+    min_n = e.get("ngram_min_n", 1)
+    shape = f"{e['width']} x {e['topk']}" + (f", n-gram n >= {min_n}" if min_n > 1 else "")
+    return [
+        pair_id,
+        str(e["budget"]),
+        shape,
+        e["policy"],
+        f"{e['speedup_at_budget']:.2f}x",
+        f"{e['speedup_at_max']:.2f}x",
+        f"{e['speedup_at_budget'] / e['speedup_at_max']:.2f}",
+        f"{e['saba_budget']} ({e['saba_policy']})",
+        f"{e['speedup_at_saba']:.2f}x",
+        per,
+        rule_text(e),
+        e["decode_policy"],
+    ]
 
 
 def rule_text(e: dict) -> str:

@@ -15,19 +15,26 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from tqdm import tqdm
 
 from collectors.collect.plan import digest_folder, pair_tree, profile_for, tree_config
-from collectors.evaluation.priced_eval import ENDPOINTS, pair_check
+from collectors.evaluation.priced_eval import ENDPOINTS, FIXED, pair_check
 from collectors.evaluation.priced_tasks import calibration_range, decode_config, priced_cells
 from collectors.pricing.budget_file import budgets_path
-from collectors.pricing.latency import LatencyProfile
 from config.params import Params, resolve
-from decoder.bundle import is_pair_name, sha256_file, write_index
-from decoder.deployment import FALLBACKS, scheduler_at, tree_record, variant_name, write_pair_bundle
+from decoder.bundle import is_pair_name, write_index
+from decoder.deployment import (
+    FALLBACKS,
+    threshold_variants,
+    tree_record,
+    variant_name,
+    write_pair_bundle,
+)
+from decoder.files import sha256_of_file
+from decoder.latency import LatencyProfile
 from decoder.runtime_costs import runtime_costs
 from decoder.scheduler import LearnedScheduler, read_artifact
 from models.offline import THRESHOLD_OFFSETS
@@ -39,16 +46,6 @@ from pipeline.tracking import log_metrics, stage_run
 
 log = logging.getLogger(__name__)
 
-FIXED_METHODS = {"all-small": "00000", "all-mid": "11111"}
-
-
-def threshold_variants(
-    path: Path, depth: int, width: int, offsets: Sequence[float]
-) -> dict[str, LearnedScheduler]:
-    """The exported student (validated as decoder.scheduler.load_scheduler does) at its threshold plus
-    each offset, by decoder.deployment.variant_name."""
-    return {variant_name(o): scheduler_at(path, depth, width, o) for o in offsets}
-
 
 def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dict[str, dict]:
     """Per evaluated pair, what it deploys (module docstring): {"deploys", "prompts", "speedup"}.
@@ -59,7 +56,7 @@ def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dic
     prompts = calibration_range(
         params.collect.prompt_start, params.collect.prompts_per_report, cfg.prompt_start
     )
-    endpoints = {m: FIXED_METHODS[m] for m in ENDPOINTS}
+    endpoints = {m: FIXED[m] for m in ENDPOINTS}
     with tqdm(total=len(cells) * prompts[1], desc="deploy (pair check)", unit="prompt") as bar:
         priced = priced_cells(params, cells, students, endpoints, bar.update, prompts, hindsight=False)
     out = {}
@@ -104,12 +101,12 @@ def pair_record(
     student = resolve(params.export.out_dir) / "scheduler"
     profile_file = resolve(params.profile.out_dir) / f"{pair_id}.json"
     inputs = {
-        "scheduler.json": sha256_file(student.with_suffix(".json")),
-        "scheduler.safetensors": sha256_file(student.with_suffix(".safetensors")),
-        "profile": sha256_file(profile_file),
+        "scheduler.json": sha256_of_file(student.with_suffix(".json")),
+        "scheduler.safetensors": sha256_of_file(student.with_suffix(".safetensors")),
+        "profile": sha256_of_file(profile_file),
         "target": digest_folder(target),
         **({"mid": digest_folder(mid)} if spec.mid else {}),
-        **({"budgets.json": sha256_file(budgets_path(params))} if params.budget.mode != "fixed" else {}),
+        **({"budgets.json": sha256_of_file(budgets_path(params))} if params.budget.mode != "fixed" else {}),
     }
     return {
         "schema_version": "treegraft-deployment/1",
@@ -162,7 +159,8 @@ def main(params: Params) -> dict[str, str]:
             record = pair_record(
                 params, pair_id, decision_of(check, students), folder, profile_for(params, pair_id)
             )
-            digests[pair_id] = write_pair_bundle(folder, record, student.with_suffix(""))
+            profile_file = resolve(params.profile.out_dir) / f"{pair_id}.json"
+            digests[pair_id] = write_pair_bundle(folder, record, student.with_suffix(""), profile_file)
             log.info("%s: wrote %s (checksums sha256 %s)", pair_id, folder, digests[pair_id])
         write_index(out, digests)
         versions = register_bundles(out, digests)

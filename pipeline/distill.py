@@ -36,9 +36,10 @@ decision-priced round walk, ``skip_rest_below`` with ``skip_rest_max_target_ms``
 leads it by more than one standard error over the reports, and models.gate.choose_skip_rounds),
 offline.csv, offline.md, curves.csv and metrics.json.
 
-The stage loads, calls and writes: targets and fits in models/student_selection.py, threshold
-rules in models/thresholds.py, round walks in models/round_walks.py, gates in models/gate.py,
-the offline rows and metrics in models/distill_metrics.py, the table in models/distill_markdown.py.
+The stage loads, calls models/distill_run.py's ``distill`` and writes: targets and fits in
+models/student_selection.py, threshold rules in models/thresholds.py, round walks in
+models/round_walks.py, gates in models/gate.py, the offline rows and metrics in
+models/distill_metrics.py, the table in models/distill_markdown.py.
 """
 
 from __future__ import annotations
@@ -47,38 +48,20 @@ import logging
 from pathlib import Path
 
 import mlflow
-import numpy as np
 import pyarrow as pa
 
-from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
-from decoder.scheduler import build_manifest, write_artifact
-from decoder.state import state_feature_names
+from decoder.files import sha256_of_file
+from decoder.scheduler import write_artifact
 from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
-from features.datasets import column, state_matrix
-from features.folds import fold_rows
 from features.schemas import margins_spec, states_spec
+from features.signals_file import read_fold_signals, read_signals
 from features.tables import read_table
-from models.cross_fit import FittedStudent
-from models.distill_markdown import offline_markdown, offline_rows
-from models.distill_metrics import LABELS, Results, distill_metrics, manifest_fields, offline
-from models.gate import RoundPolicy, round_policy
-from models.mlp import count_parameters, mlp_arrays
+from models.distill_run import Distilled, DistillInputs, distill, student_export
 from models.round_walks import RoundSet, round_set
-from models.student import HEAD, student_param_count
-from models.student_selection import SignalSets, fit_students, replay_of, targets, train_sets
-from models.training import Curve
+from models.student_selection import SignalSets, train_sets
 from pipeline.cli import run_stage
-from pipeline.select_signals import read_fold_signals, read_signals
-from pipeline.tracking import (
-    file_sha256,
-    git_revision,
-    log_figure,
-    log_metrics,
-    stage_run,
-    write_csv,
-    write_json,
-)
+from pipeline.tracking import git_revision, log_figure, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)
 
@@ -98,108 +81,47 @@ def read_signal_sets(params: Params) -> SignalSets:
     return SignalSets(read_signals(params), read_fold_signals(params, "report"), by_pair)
 
 
-def _pair_of(states: pa.Table) -> dict[str, str]:
-    """report id -> pair id."""
-    reports, pairs = states.column("report_id").to_pylist(), states.column("pair_id").to_pylist()
-    return dict(zip(reports, pairs, strict=True))
-
-
-def main(params: Params) -> dict:
-    depth, cfg = params.tree.depth, params.distill
-    out = resolve(cfg.out_dir)
+def read_inputs(params: Params) -> DistillInputs:
+    """The canonical states, margins, trajectories, round states (where a training set reads them)
+    and signal subsets distill reads."""
+    depth = params.tree.depth
     states = read_table(resolve(params.canonicalize.out_dir) / "states.parquet", states_spec(depth))
     margins = read_table(resolve(params.margins.out_dir) / "margins.parquet", margins_spec(depth))
     trajectories = read_table(resolve(params.collect.out_dir) / "trajectories.parquet", TRAJECTORIES)
-    signals = read_signal_sets(params)
-    names = state_feature_names(depth, signals.chosen)
-    z = state_matrix(states, names)
-    tg = targets(margins, cfg.margin_source, cfg.relative)
-    replay = replay_of(states, trajectories)
-    rs = read_round_set(params, states) if train_sets(cfg.train_set) != ("canonical",) else None
+    needs_rounds = train_sets(params.distill.train_set) != ("canonical",)
+    rs = read_round_set(params, states) if needs_rounds else None
+    return DistillInputs(states, margins, trajectories, rs, read_signal_sets(params))
+
+
+def main(params: Params) -> dict:
+    inputs = read_inputs(params)
     with stage_run("distill", params):
-        regret = targets(margins, "oracle", relative=True).oracle
-        st = fit_students(cfg, depth, states, tg, regret, replay, rs, signals)
-        n_params = count_parameters(st.final.module)
-        if n_params != student_param_count(z.shape[1], cfg.hidden):
-            raise RuntimeError(
-                f"student has {n_params} parameters, not {student_param_count(z.shape[1], cfg.hidden)}"
-            )
-        value_oof = column(margins, "margin_value_oof_tok_per_s")
-        off = offline(st, value_oof, z, fold_rows(states, "report"), replay, _pair_of(states), depth)
-        oof = st.fits["student_oof"]
-        policy = RoundPolicy() if rs is None else round_policy(oof, rs, depth, signals.by_report_fold)
-        metrics = {
-            "n_params": n_params,
-            "n_states": len(z),
-            **distill_metrics(cfg, st, tg, regret, off, rs, depth, policy),
-        }
-        extra = {
-            **manifest_fields(cfg, st, policy, signals.chosen),
-            "training_data_sha256": file_sha256(resolve(params.collect.out_dir) / "actions.parquet"),
-            "git_revision": git_revision(),
-            "metrics": metrics,
-        }
-        _save(out, st.final, params, names, extra)
-        write_csv(out / "offline.csv", offline_rows(off.results))
-        table = offline_markdown(off.results, metrics["train_set"], metrics)
-        (out / "offline.md").write_text(table)
-        curves = {f"{n}/{c}": v for n, f in st.fits.items() for c, v in f.curves.items()}
-        curves["final"] = st.final.curve
-        write_csv(
-            out / "curves.csv",
-            [
-                {"fit": fit, "epoch": e, "train_loss": t}
-                for fit, c in curves.items()
-                for e, t in zip(c.epochs, c.train_loss, strict=True)
-            ],
-        )
-        write_json(out / "metrics.json", metrics)
-        log_metrics(metrics)
-        mlflow.log_text(table, "offline.md")
-        _plot(off.results, curves)
-    log.info("offline table:\n%s", table)
-    return metrics
+        done = distill(params.distill, params.tree.depth, inputs)
+        write_outputs(resolve(params.distill.out_dir), params, done)
+        log_metrics(done.metrics)
+        mlflow.log_text(done.table, "offline.md")
+        for name, fig in done.figures.items():
+            log_figure(fig, name)
+    log.info("offline table:\n%s", done.table)
+    return done.metrics
 
 
-def _save(out: Path, student: FittedStudent, params: Params, names: tuple[str, ...], extra: dict) -> None:
-    manifest = build_manifest(
-        kind="student",
-        depth=params.tree.depth,
-        width=params.tree.width,
-        feature_names=names,
-        input_names=names,
-        x_mean=student.x_std.mean,
-        x_std=student.x_std.std,
-        heads={HEAD: student.module.sizes},
-        y_mean={HEAD: float(student.y_std.mean[0])},
-        y_std={HEAD: float(student.y_std.std[0])},
-        **extra,
+def write_outputs(out: Path, params: Params, done: Distilled) -> None:
+    """student.{json,safetensors}, offline.csv, offline.md, curves.csv and metrics.json."""
+    extra = {
+        **done.manifest_fields,
+        "training_data_sha256": sha256_of_file(resolve(params.collect.out_dir) / "actions.parquet"),
+        "git_revision": git_revision(),
+        "metrics": done.metrics,
+    }
+    manifest, arrays = student_export(
+        done.student, params.tree.depth, params.tree.width, done.feature_names, extra
     )
-    write_artifact(out / "student", manifest, mlp_arrays(HEAD, student.module.net))
-
-
-def _plot(results: Results, curves: dict[str, Curve]) -> None:
-    fig, ax = new_figure(8, 4)
-    reports = list(results)
-    policies = [p for p in LABELS if p in results[reports[0]] and p != "best"]
-    width = 0.8 / len(policies)
-    for j, p in enumerate(policies):
-        pct = [100 * results[r][p].tok_per_s / results[r]["best"].tok_per_s for r in reports]
-        ax.bar(np.arange(len(reports)) + j * width, pct, width, label=LABELS[p])
-    ax.set_ylabel("% of best enumerated schedule")
-    ax.set_xticks(np.arange(len(reports)) + 0.4, reports, rotation=90, fontsize=6)
-    ax.set_ylim(bottom=min(50, ax.get_ylim()[0]))
-    ax.legend(fontsize=6, ncol=3)
-    log_figure(fig, "offline_pct_of_best.png")
-    fig, ax = new_figure()
-    for fit, c in curves.items():
-        if fit == "final" or fit.startswith("student_oof/"):
-            ax.plot(c.epochs, c.train_loss, lw=1, label=fit)
-    ax.set_yscale("log")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("training loss (weighted)")
-    ax.legend(fontsize=6)
-    log_figure(fig, "learning_curves.png")
+    write_artifact(out / "student", manifest, arrays)
+    write_csv(out / "offline.csv", done.offline_rows)
+    (out / "offline.md").write_text(done.table)
+    write_csv(out / "curves.csv", done.curve_rows)
+    write_json(out / "metrics.json", done.metrics)
 
 
 if __name__ == "__main__":

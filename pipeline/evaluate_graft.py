@@ -56,6 +56,7 @@ import logging
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from collectors.collect.plan import dataset_file, load_registered_pair, report_questions
 from collectors.collect.report import ReportSpec
@@ -74,7 +75,6 @@ from collectors.graft.budget import (
 from collectors.graft.costs import GraftCosts, measure_costs
 from collectors.graft.table import ROWS, markdown, markdown_wall, row_stats
 from collectors.graft.walk import decode_ar, decode_arm
-from collectors.pricing.latency import load_profile
 from config.params import Params, resolve
 from decoder.batch_greedy import greedy_batch
 from decoder.block import BlockProposer
@@ -82,6 +82,7 @@ from decoder.block_drafter import load_block_drafter
 from decoder.config import BlockBudgetRule
 from decoder.edge_scorer import EdgeScorer, load_edge_scorer
 from decoder.files import replace_atomically
+from decoder.latency import load_profile
 from decoder.models import ModelPair
 from models.budget_rule import cross_fitted_speedups, fit_budget_rule
 from pipeline.cli import run_stage
@@ -166,6 +167,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
     per_task = task_arms if choice["per_task"]["use"] else {}
     n_wall = min(cfg.wall_prompts_per_cell, cfg.prompts_per_cell)
     cells, checked, decodes, full_by_dataset = [], 0, 0, {}
+    bar = tqdm(total=sum(map(len, prompts.values())), desc=f"evaluate_graft {pair_id}", unit="prompt")
     for dataset, dataset_prompts in prompts.items():
         task = per_task.get(dataset)
         arms["full"] = once if task is None else task
@@ -192,6 +194,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
                 else:
                     runs[key].append(walked.tdes.fixed(budget) if tdes else walks[-1].at(budget))
             if i >= n_wall:
+                bar.update()
                 continue
             done: dict[tuple, object] = {(b, False, None): walked.run}
             for key, arm in arms.items():
@@ -212,6 +215,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
             ar_runs.append(decode_ar(pair, prompt, cfg.max_new_tokens))
             if ar_runs[-1].tokens != tokens:
                 raise RuntimeError(f"{pair_id}/{dataset}: autoregressive decoding emitted another output")
+            bar.update()
         rows = {}
         for key, (budget, tdes, rule) in arms.items():
             if rule is None:
@@ -232,6 +236,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
              "wall_prompts": n_wall,
              "ddtree_at_tdes_learned_budget": equal.to_json()}
         )  # fmt: skip
+    bar.close()
     summary = {
         "drafter_id": drafter_id,
         "budgets": {k: v[0] for k, v in arms.items() if k != "full"},
@@ -265,7 +270,7 @@ def choose_budgets(
     t0 = time.perf_counter()
     groups = []
     specs = choice_specs(params, pair_id)
-    for spec in specs:
+    for spec in tqdm(specs, desc=f"evaluate_graft {pair_id} (budget choice)", unit="dataset"):
         prompts = report_questions(params, spec, pair.tokenizer)[1]
         outputs = greedy_batch(pair.target, prompts, cfg.max_new_tokens, pair.vocab_size, pair.eos_token_ids)
         groups.append([walk_choice_prompt(pair, drafter, scorer, prompt, edges.budget, cfg.budget_max,

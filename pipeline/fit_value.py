@@ -18,20 +18,20 @@ import numpy as np
 
 from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
+from decoder.files import sha256_of_file
 from decoder.planning import HEADS, predicted_throughput, suffix_feature_names
 from decoder.scheduler import build_manifest, write_artifact
 from decoder.state import state_feature_names
 from features.datasets import ValueData, value_data
 from features.schemas import samples_spec, states_spec
 from features.selection import nmae
+from features.signals_file import read_signals
 from features.tables import read_table
 from models.mlp import count_parameters, mlp_arrays
 from models.training import Curve, FitResult, Standardizer, fit_regressor, predict
 from models.value import ValueSystem, value_param_count
 from pipeline.cli import run_stage
-from pipeline.select_signals import read_signals
 from pipeline.tracking import (
-    file_sha256,
     git_revision,
     lightning_logger,
     log_figure,
@@ -116,7 +116,7 @@ def main(params: Params) -> dict:
     data = value_data(states, read_table(src / "samples.parquet", samples_spec(depth)), depth, signals)
     extra = {
         "signals": list(signals),
-        "training_data_sha256": file_sha256(resolve(params.collect.out_dir) / "actions.parquet"),
+        "training_data_sha256": sha256_of_file(resolve(params.collect.out_dir) / "actions.parquet"),
         "git_revision": git_revision(),
     }
     with stage_run("fit_value", params) as run:

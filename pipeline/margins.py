@@ -24,10 +24,10 @@ from decoder.scheduler import load_value_planner
 from decoder.state import state_feature_names
 from features.datasets import column, state_matrix
 from features.schemas import margins_spec, samples_spec, states_spec
+from features.signals_file import read_signals
 from features.tables import TableSpec, read_table, write_table
 from models.margins import OracleMargins, brute_force_margins, oracle_margins
 from pipeline.cli import run_stage
-from pipeline.select_signals import read_signals
 from pipeline.tracking import log_figure, log_metrics, stage_run, write_csv, write_json
 
 log = logging.getLogger(__name__)

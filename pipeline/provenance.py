@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from config.params import ROOT, Params, resolve
+from decoder.files import sha256_of_file
 from pipeline.cli import declared_params
 
 _VAR = re.compile(r"\$\{([\w.]+)\}")
@@ -106,24 +107,16 @@ def stage_inputs(stage: str, params: Params) -> list[Path]:
     ]
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def data_hash(paths: Sequence[Path]) -> str:
     """One sha256 over the contents of files and folders (a missing path hashes as missing)."""
     h = hashlib.sha256()
     for root in paths:
         h.update(f"{root.name}\0".encode())
         if root.is_file():
-            h.update(file_sha256(root).encode())
+            h.update(sha256_of_file(root).encode())
         elif root.is_dir():
             for f in sorted(p for p in root.rglob("*") if p.is_file()):
-                h.update(f"{f.relative_to(root).as_posix()}\0{file_sha256(f)}\n".encode())
+                h.update(f"{f.relative_to(root).as_posix()}\0{sha256_of_file(f)}\n".encode())
         else:
             h.update(b"missing\n")
     return h.hexdigest()

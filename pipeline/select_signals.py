@@ -9,7 +9,6 @@ One MLflow run ``select_signals`` with the ranking CSV and plots as artifacts.
 
 from __future__ import annotations
 
-import json
 import logging
 
 import mlflow
@@ -65,18 +64,6 @@ def load_selection_data(params: Params) -> SelectionData:
         targets,
         column(samples, "fold_id").astype(np.int64),
     )
-
-
-def read_signals(params: Params) -> tuple[str, ...]:
-    """The chosen ordered subset written by this stage (read by every later stage)."""
-    path = resolve(params.select_signals.out_dir) / "signals.json"
-    return tuple(json.loads(path.read_text())["signals"])
-
-
-def read_fold_signals(params: Params, split: str) -> list[tuple[str, ...]]:
-    """Per outer fold of ``split`` (index = fold id), the subset chosen without that fold."""
-    path = resolve(params.select_signals.out_dir) / "signals.json"
-    return [tuple(s) for s in json.loads(path.read_text())["by_fold"][split]]
 
 
 def _nested(params: Params, data: SelectionData) -> dict[str, NestedSelection]:

@@ -56,7 +56,6 @@ from pipeline.provenance import (
     json_sha256,
     stage_inputs,
 )
-from pipeline.provenance import file_sha256 as file_sha256
 from pipeline.provenance import git_revision as git_revision
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -77,9 +76,9 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # The parent run's short headline, beside the hundreds of per-stage metrics copied onto it:
 # (headline name, pattern over the copied ``<stage>/<metric>`` names).
 HEADLINE = (
-    ("deployed_gain_fitting_mean", r"evaluate/deployed\.priced_speedup\.fitting\.mean_gain"),
-    ("deployed_gain_fitting_worst", r"evaluate/deployed\.priced_speedup\.fitting\.worst_gain"),
-    ("pricing_rows_in_band_share", r"evaluate/pricing_check\.in_band_share"),
+    ("deployed_gain_fitting_mean", r"evaluate/deployed\.priced_speedup\.fitting\.student_gain_mean"),
+    ("deployed_gain_fitting_worst", r"evaluate/deployed\.priced_speedup\.fitting\.student_gain_worst"),
+    ("pricing_ci_within_share", r"wall_check/summary\.stage\.ci_within_share"),
     ("graft_full_speedup", r"evaluate_graft/mean_speedup\.full"),
     ("graft_hindsight_speedup", r"evaluate_graft/mean_speedup\.hindsight"),
     ("graft_full_at_least_hindsight", r"evaluate_graft/full_graft_at_least_hindsight"),

@@ -27,6 +27,7 @@ from decoder.block_drafter import (
     save_block_drafter,
     spread_layers,
 )
+from decoder.checkpoint import DIGEST_FILE, record_folder
 from models.block_training import fit_block_drafter
 from models.lm_training import build_model, greedy_continuations, lm_loss, sample_windows, train_loop
 from models.tokenizer_training import train_tokenizer
@@ -180,3 +181,18 @@ def test_target_layers_spread_over_the_depth() -> None:
                              target_hidden=16, vocab_size=10)  # fmt: skip
     with pytest.raises(ValueError, match="d_model 30 is not a multiple of heads 4"):
         BlockDrafterNet(cfg)
+
+
+def test_a_corrupted_weight_file_is_refused_by_the_folder_digest_record(tiny: dict, tmp_path: Path) -> None:
+    target, folder = tiny["target"], tmp_path / "bd"
+    save_block_drafter(tiny["net"], folder)
+    record_folder(folder)  # as the zoo stage does
+    weights = folder / WEIGHTS_NAME
+    blob = bytearray(weights.read_bytes())
+    blob[-3] ^= 0x10  # tensor data, same size: safetensors itself would load it
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(BlockDrafterError) as info:
+        load_block_drafter(folder, target)
+    message = str(info.value)
+    assert message.startswith(f"{weights}: SHA-256") and f"{folder / DIGEST_FILE}" in message
+    assert "corrupt" in message

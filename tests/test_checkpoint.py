@@ -70,13 +70,13 @@ def test_a_verified_folder_is_hashed_once_until_a_file_changes(
     pair: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    real = checkpoint.file_sha256
+    real = checkpoint.sha256_of_file
 
     def counting(path: Path) -> str:
         calls.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(checkpoint, "file_sha256", counting)
+    monkeypatch.setattr(checkpoint, "sha256_of_file", counting)
     monkeypatch.setattr(checkpoint, "_verified", set())
     verify_folder(pair / "mid")
     n = len(calls)

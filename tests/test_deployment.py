@@ -16,20 +16,33 @@ from conftest import noisy_copy, tiny_model
 from test_policy_replay import _prompts
 from test_priced_eval import _cell_of
 from test_scheduler_export import student_artifact
+from test_switch_off import profile as hand_profile
 
 import decoder
 from decoder.artifact import read_artifact
-from decoder.bundle import CHECKSUMS_FILE, INDEX_FILE, seal_folder, sha256_file, write_index
+from decoder.bundle import CHECKSUMS_FILE, INDEX_FILE, seal_folder, write_index
 from decoder.config import TreeConfig
 from decoder.deployment import DEPLOYMENT_FILE, tree_record, write_pair_bundle
+from decoder.files import sha256_of_file
 from decoder.generate import generate
+from decoder.latency import save_profile
 from decoder.models import make_pair
 from decoder.scheduler import LearnedScheduler, check_features
+from decoder.switch_off import SwitchOff, for_deployment
 from models.offline import THRESHOLD_OFFSETS
 from pipeline import deploy
 
 TREE = TreeConfig(budget=16, width=10, topk=4, ngram_min_n=2)
 HEX = "0" * 64
+
+
+def bundle_profile(student: Path) -> Path:
+    """The latency profile a test bundle carries (test_switch_off's hand-made one), written once
+    beside the student."""
+    path = student.parent / "profile.json"
+    if not path.is_file():
+        save_profile(hand_profile(), path)
+    return path
 
 
 def record(student: Path, decision: dict, tree: TreeConfig = TREE, models: dict | None = None) -> dict:
@@ -50,8 +63,8 @@ def record(student: Path, decision: dict, tree: TreeConfig = TREE, models: dict 
             "linear": "stock",
             "template": "zoo",
         },
-        "profile": {"pair": "tiny", "device": "cpu", "sha256": HEX},
-        "provenance": {"git_revision": "unknown", "inputs": {"scheduler.json": sha256_file(student)}},
+        "profile": {"pair": "tiny", "device": "cpu", "sha256": sha256_of_file(bundle_profile(student))},
+        "provenance": {"git_revision": "unknown", "inputs": {"scheduler.json": sha256_of_file(student)}},
         "student_manifest_sha256": read_artifact(student, "student").manifest["manifest_sha256"],
     }
 
@@ -74,7 +87,10 @@ def bundle(tmp_path, student) -> Path:
     """A bundle root holding the pair ``tiny`` (the student at offset -0.5)."""
     root = tmp_path / "deploy"
     digest = write_pair_bundle(
-        root / "tiny", record(student, shifted(student, -0.5)), student.with_suffix("")
+        root / "tiny",
+        record(student, shifted(student, -0.5)),
+        student.with_suffix(""),
+        bundle_profile(student),
     )
     write_index(root, {"tiny": digest})
     return root
@@ -93,7 +109,7 @@ def test_a_bundle_decodes_the_tokens_and_mid_calls_of_the_policy_built_by_hand(b
     assert d.pair_id == "tiny" and d.config.tree == TREE and d.config.max_new_tokens == 24
     assert d.decision["deploys"] == "student:-0.50" and d.policy.threshold == pytest.approx(-1.04)
     assert d.runtime(30) == replace(d.runtime(30), prompt_tokens=30, target_ms=2.0, mid_ms=1.0)
-    assert d.checksums_sha256 == sha256_file(bundle / "tiny" / CHECKSUMS_FILE)
+    assert d.checksums_sha256 == sha256_of_file(bundle / "tiny" / CHECKSUMS_FILE)
     assert decoder.load_deployment(bundle, "tiny", expect_sha256=d.checksums_sha256).pair_id == "tiny"
     target = tiny_model("qwen3", seed=81)
     pair = make_pair(target, noisy_copy(target, 0.3, seed=82), eos_token_ids=(0,))
@@ -110,19 +126,42 @@ def test_a_bundle_decodes_the_tokens_and_mid_calls_of_the_policy_built_by_hand(b
     )
 
 
+def test_switch_off_wraps_the_deployed_policy_priced_with_the_bundles_profile(bundle, student):
+    """for_deployment(d): the deployed student inside SwitchOff, its prices the bundle's profile; the
+    tokens stay AR's, and a decode reports how its rounds ran."""
+    d = decoder.load_deployment(bundle)
+    wrapped = for_deployment(d)
+    assert isinstance(wrapped, SwitchOff) and wrapped.inner.threshold == d.policy.threshold
+    assert wrapped.pricer.ar_ms == d.profile.ar_token_ms == hand_profile().ar_token_ms
+    target = tiny_model("qwen3", seed=81)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=82), eos_token_ids=(0,))
+    for prompt in _prompts(2, seed=84):
+        got = generate(pair, prompt, wrapped, d.config, d.runtime(len(prompt)))
+        assert got.new_tokens == generate(pair, prompt, "ar", d.config).new_tokens
+        assert got.modes.verified + got.modes.as_ar == len(got.rounds) > 0
+    assert for_deployment(replace(d, policy="ar")) == "ar"  # AR has nothing to switch off
+
+
 def test_a_fallback_decodes_its_fixed_schedule(tmp_path, student):
     decision = {"deploys": "all-small", "threshold_offset": None, "threshold": None, "prompts": 6,
                 "speedup": {"all-small": 1.2, "all-mid": 1.1, "student": 1.0}}  # fmt: skip
-    write_pair_bundle(tmp_path / "b", record(student, decision), student.with_suffix(""))
+    write_pair_bundle(
+        tmp_path / "b", record(student, decision), student.with_suffix(""), bundle_profile(student)
+    )
     d = decoder.load_deployment(tmp_path / "b")  # a pair folder, no index
     assert d.policy == "all-small" and not d.is_learned
     # without a mid drafter, All-Small stays deployable; All-Mid is refused at load, not mid-decode
     no_mid = {"target": "t", "mid": None, "dtype": "float32", "device": "cpu", "linear": "stock",
               "template": "zoo"}  # fmt: skip
-    write_pair_bundle(tmp_path / "c", record(student, decision, models=no_mid), student.with_suffix(""))
+    write_pair_bundle(
+        tmp_path / "c",
+        record(student, decision, models=no_mid),
+        student.with_suffix(""),
+        bundle_profile(student),
+    )
     with pytest.raises(decoder.DeploymentError, match="deploys all-mid, which calls a mid drafter"):
         write_pair_bundle(tmp_path / "d", record(student, {**decision, "deploys": "all-mid"}, models=no_mid),
-                          student.with_suffix(""))  # fmt: skip
+                          student.with_suffix(""), bundle_profile(student))  # fmt: skip
     assert not (tmp_path / "d").exists()
 
 
@@ -135,6 +174,14 @@ def _edit_json(path: Path, edit) -> None:
 def _reseal(root: Path) -> None:
     """Checksums and index recomputed after an edit: what someone hand-editing a bundle would do."""
     write_index(root, {"tiny": seal_folder(root / "tiny")})
+
+
+def _edit_profile_record(root: Path, edit) -> None:
+    """Edit profile.json and make deployment.json record the edited file's sha256 (a bundle whose
+    records agree but whose profile is no longer one)."""
+    _edit_json(root / "tiny" / "profile.json", edit)
+    digest = sha256_of_file(root / "tiny" / "profile.json")
+    _edit_json(root / "tiny" / DEPLOYMENT_FILE, lambda d: d["profile"].update(sha256=digest))
 
 
 def _drop_runtime(d: dict) -> None:
@@ -182,6 +229,14 @@ TAMPER = {
         lambda r: (r / "tiny" / "notes.txt").write_text("x"),
         False, r"tiny/notes.txt: not covered by checksums.json",
     ),
+    "profile edited, resealed": (
+        lambda r: _edit_json(r / "tiny" / "profile.json", lambda d: d.update(ar_token_ms=1.0)),
+        True, r"tiny/profile.json: not the latency profile deployment.json records",
+    ),
+    "profile not a profile, resealed": (
+        lambda r: _edit_profile_record(r, lambda d: d.pop("ar_token_ms")),
+        True, r"tiny/profile.json: not a latency profile \(.*missing key\(s\) \['ar_token_ms'\]",
+    ),
     "missing index entry file": (
         lambda r: (r / "tiny" / CHECKSUMS_FILE).unlink(),
         False, r"tiny/checksums.json: missing file",
@@ -214,8 +269,8 @@ def test_pinned_digest_and_pair_choice(bundle, student, tmp_path):
     with pytest.raises(decoder.DeploymentError, match=r"index.json: no pair 'nope'; it holds \['tiny'\]"):
         decoder.load_deployment(bundle, "nope")
     other = write_pair_bundle(bundle / "two", {**record(student, shifted(student, 0.0)), "pair_id": "two"},
-                              student.with_suffix(""))  # fmt: skip
-    write_index(bundle, {"tiny": sha256_file(bundle / "tiny" / CHECKSUMS_FILE), "two": other})
+                              student.with_suffix(""), bundle_profile(student))  # fmt: skip
+    write_index(bundle, {"tiny": sha256_of_file(bundle / "tiny" / CHECKSUMS_FILE), "two": other})
     with pytest.raises(decoder.DeploymentError, match=r"holds pairs \['tiny', 'two'\]; name one \(--pair\)"):
         decoder.load_deployment(bundle)
     assert decoder.load_deployment(bundle, "two").decision["deploys"] == "student"
@@ -227,7 +282,7 @@ def test_pinned_digest_and_pair_choice(bundle, student, tmp_path):
 def test_a_bundle_that_fails_its_checks_is_not_written(tmp_path, student):
     bad = record(student, {**shifted(student, -0.5), "deploys": "student:9.00"})
     with pytest.raises(decoder.DeploymentError, match=r"field 'decision' deploys 'student:9\.00'"):
-        write_pair_bundle(tmp_path / "b", bad, student.with_suffix(""))
+        write_pair_bundle(tmp_path / "b", bad, student.with_suffix(""), bundle_profile(student))
     assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b*"))
 
 
@@ -256,7 +311,7 @@ def test_the_stored_decision_is_what_pair_checks_computes(tmp_path, student, mon
     for pair_id, check in checks.items():
         decision = deploy.decision_of(check, students)
         write_pair_bundle(tmp_path / pair_id, {**record(student, decision), "pair_id": pair_id},
-                          student.with_suffix(""))  # fmt: skip
+                          student.with_suffix(""), bundle_profile(student))  # fmt: skip
         d = decoder.load_deployment(tmp_path / pair_id)
         assert {k: d.decision[k] for k in check} == check
         if d.is_learned:

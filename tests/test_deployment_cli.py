@@ -9,7 +9,7 @@ import os
 import pytest
 from conftest import save_pair, train_tokenizer
 from test_cli import run_cli, stdlib_texts
-from test_deployment import record, shifted
+from test_deployment import bundle_profile, record, shifted
 from test_scheduler_export import student_artifact
 from transformers import AutoTokenizer
 
@@ -34,7 +34,10 @@ def bundle(tmp_path_factory):
               "mid": os.path.relpath(root / "models" / "mid", folder),
               "dtype": "float32", "device": "cpu", "linear": "stock", "template": "zoo"}  # fmt: skip
     digest = write_pair_bundle(
-        folder, record(student, shifted(student, -0.5), models=models), student.with_suffix("")
+        folder,
+        record(student, shifted(student, -0.5), models=models),
+        student.with_suffix(""),
+        bundle_profile(student),
     )
     write_index(root / "deploy", {"tiny": digest})
     return root, digest
@@ -62,6 +65,15 @@ def test_the_cli_decodes_with_the_bundle_and_shows_the_deployed_row(bundle, caps
     ids = tok.encode(render("zoo", [PROMPT]), add_special_tokens=False)
     text = tok.decode(generate(pair, ids, "ar", DecodeConfig(max_new_tokens=24)).new_tokens)
     assert out.out.split("\n\n")[0] == text
+
+
+def test_switch_off_decodes_the_deployed_row_losslessly_and_needs_a_bundle(bundle, capsys):
+    root, _ = bundle
+    argv = ["--deployment", str(root / "deploy"), "--switch-off", "--prompt", PROMPT]
+    assert main([*argv, "--max-new-tokens", "16"]) == 0
+    assert rows(capsys.readouterr().out)["deployed"][-1] == "yes"  # tokens equal AR's
+    assert main(["--target", str(root / "models" / "target"), "--switch-off", "--prompt", PROMPT]) == 2
+    assert "--switch-off prices rounds with a bundle's latency profile" in capsys.readouterr().err
 
 
 def test_the_cli_runs_as_a_module_with_the_bundle(bundle):

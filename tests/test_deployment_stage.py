@@ -14,12 +14,14 @@ from test_scheduler_export import student_artifact
 
 from collectors.collect.plan import profile_for, tree_config
 from collectors.collect.records import runtime_for
-from collectors.pricing.latency import save_profile
+from collectors.evaluation import deployed
 from config.params import load_params, restrict
 from decoder import DeploymentError, load_deployment
-from decoder.bundle import sha256_file
+from decoder.deployment import threshold_variants
+from decoder.files import sha256_of_file
+from decoder.latency import save_profile
 from models.offline import THRESHOLD_OFFSETS
-from pipeline import deploy, evaluate
+from pipeline import deploy
 
 # the params the stage reads (its dvc.yaml entry): a read of anything else fails under restrict
 DEPLOY_PARAMS = (
@@ -72,8 +74,8 @@ def test_the_stage_writes_a_checked_bundle_per_pair(staged):
         target, mid = params.pair_paths(pair_id)
         assert (d.models.target, d.models.mid) == (target.resolve(), mid.resolve())
         inputs = d.record["provenance"]["inputs"]
-        assert inputs["scheduler.json"] == sha256_file(root / "export" / "scheduler.json")
-        assert inputs["profile"] == sha256_file(root / "profile" / f"{pair_id}.json")
+        assert inputs["scheduler.json"] == sha256_of_file(root / "export" / "scheduler.json")
+        assert inputs["profile"] == sha256_of_file(root / "profile" / f"{pair_id}.json")
     assert load_deployment(root / "deploy", "zoo-m").policy.threshold == pytest.approx(-0.54 - 0.5)
     assert load_deployment(root / "deploy", "zoo-s").policy == "all-small"
 
@@ -81,14 +83,14 @@ def test_the_stage_writes_a_checked_bundle_per_pair(staged):
 def test_evaluate_takes_the_bundles_and_refuses_a_stale_one(staged):
     params, root, _ = staged
     tree = tree_config(params.tree)
-    students = deploy.threshold_variants(
+    students = threshold_variants(
         root / "export" / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
     )
-    got = evaluate.deployed_checks(params, dict.fromkeys(CHECKS, tree), students)
-    assert {p: evaluate.pair_check_of(d) for p, d in got.items()} == CHECKS
-    assert list(evaluate.deployed_variants(got)) == ["zoo-m"]
-    assert evaluate.deployed_variants(got)["zoo-m"]["deployed"] is got["zoo-m"].policy
+    got = deployed.deployed_checks(params, dict.fromkeys(CHECKS, tree), students)
+    assert {p: deployed.pair_check_of(d) for p, d in got.items()} == CHECKS
+    assert list(deployed.deployed_variants(got)) == ["zoo-m"]
+    assert deployed.deployed_variants(got)["zoo-m"]["deployed"] is got["zoo-m"].policy
     with pytest.raises(ValueError, match=r"zoo-m: the bundle's tree .* rerun the deploy stage"):
-        evaluate.deployed_checks(params, {"zoo-m": dataclasses.replace(tree, budget=7)}, students)
+        deployed.deployed_checks(params, {"zoo-m": dataclasses.replace(tree, budget=7)}, students)
     with pytest.raises(DeploymentError, match="no pair 'zoo-l'"):
-        evaluate.deployed_checks(params, {"zoo-l": tree}, students)
+        deployed.deployed_checks(params, {"zoo-l": tree}, students)

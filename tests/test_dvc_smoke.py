@@ -59,6 +59,8 @@ def test_the_smoke_overlay_runs_through_dvc_and_writes_where_dvc_yaml_says(tmp_p
     index = json.loads((tmp_path / base.deploy.out_dir / "index.json").read_text(encoding="utf-8"))
     assert set(index["pairs"]) == set(smoke.evaluate.pairs)
     assert (tmp_path / base.evaluate.out_dir / "metrics.json").is_file()
+    wall = json.loads((tmp_path / base.wall_check.out_dir / "metrics.json").read_text(encoding="utf-8"))
+    assert set(wall["agreement"]) == set(smoke.evaluate.pairs)  # every pair checked against the clock
     lock = yaml.safe_load((tmp_path / "dvc.lock").read_text(encoding="utf-8"))["stages"]
     assert set(lock) == set(yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
     assert all(

@@ -10,6 +10,7 @@ that every declared entry names a real key and that the overlay is tracked.
 
 from __future__ import annotations
 
+import ast
 import re
 from functools import cache
 from pathlib import Path
@@ -81,3 +82,25 @@ def test_a_stage_module_names_its_own_stage() -> None:
     for stage in STAGES:
         source = (ROOT / (_module(stage).replace(".", "/") + ".py")).read_text(encoding="utf-8")
         assert f'run_stage("{stage}", main)' in source, stage
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module an import in the file names; ``from pkg import x`` names ``pkg.x`` too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return found
+
+
+def test_no_stage_module_imports_another_stage_module() -> None:
+    """A piece two stages share lives in a lower layer: a stage module imports no other stage's."""
+    modules = set(stage_modules().values())
+    crossing = {
+        f"{module} imports {name}"
+        for module in sorted(modules)
+        for name in sorted(_imported(ROOT / (module.replace(".", "/") + ".py")) & (modules - {module}))
+    }
+    assert not crossing, "\n".join(sorted(crossing))

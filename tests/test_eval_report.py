@@ -1,19 +1,26 @@
-"""Evaluation tables from result rows: cell order, groups, ablation order, plot rows."""
+"""Evaluation tables from result rows: cell order, groups, ablation order, plot rows, priced rows."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from collectors.evaluation.eval_report import (
     ablation_table,
+    cell_rows,
     main_table,
     plot_rows,
-    pricing_agreement,
+    priced_rows,
     student_gains,
     summary_metrics,
-    wall_table,
 )
+from collectors.evaluation.priced_eval import PricedCell, PricedMethod
 from collectors.evaluation.priced_tasks import calibration_range
+
+
+def cells(line: str) -> list[str]:
+    """A Markdown table line's cells, stripped of tabulate's padding."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
 def _row(pair, dataset, method, speedup, held_pair=False, held_task=False, calls=(0.0, 1.0)):
@@ -54,32 +61,30 @@ def test_gains_per_group_in_cell_order():
 
 def test_summary_metrics():
     m = summary_metrics(ROWS)
-    assert m["speedup.fitting"] == {
+    assert m["priced_speedup.fitting"] == {
         "student_gain_mean": pytest.approx(1.05),
         "student_gain_best": pytest.approx(1.2),
         "student_gain_worst": pytest.approx(0.9),
         "student_at_least_best_fixed": None,  # these cells have no best fixed schedule
         "n_cells": 2,
     }
-    assert list(m["mean_speedup"]) == ["all-small", "all-mid", "student"]
-    assert m["mean_speedup"]["all-small"] == pytest.approx((1 + 1 + 0.5 + 1 + 1) / 5)
+    assert list(m["mean_priced_speedup"]) == ["all-small", "all-mid", "student"]
+    assert m["mean_priced_speedup"]["all-small"] == pytest.approx(2 * (1 + 1 + 0.5 + 1 + 1) / 5)
+    assert not [k for k in m if k.startswith("speedup") or k == "mean_speedup"]  # priced only
 
 
 def test_main_table_sorted_by_group_then_cell():
-    lines = main_table(ROWS, "speedup").splitlines()[2:]
-    assert [line.split(" | ")[:3] for line in lines] == [
-        ["| a", "w", "fitting"],
-        ["| z", "x", "fitting"],
-        ["| a", "x", "held-out pair and task"],
-        ["| b", "y", "held-out task"],
+    lines = main_table(ROWS).splitlines()
+    assert cells(lines[0])[:4] == ["pair", "dataset", "group", "all-small"] and len(cells(lines[0])) == 14
+    assert [cells(line)[:3] for line in lines[2:]] == [
+        ["a", "w", "fitting"],
+        ["z", "x", "fitting"],
+        ["a", "x", "held-out pair and task"],
+        ["b", "y", "held-out task"],
     ]
-    assert lines[2].endswith(
-        "| 0.50x (1.50) | 1.00x (1.50) | - | - | - | 1.50x (1.50) | - | - | +50.0% | - | - |"
-    )
-    priced = main_table(ROWS).splitlines()[2:]  # the default: priced speedup, twice the wall here
-    assert priced[2].endswith(
-        "| 1.00x (1.50) | 2.00x (1.50) | - | - | - | 3.00x (1.50) | - | - | +50.0% | - | - |"
-    )
+    assert cells(lines[4])[3:] == [
+        "1.00x (1.50)", "2.00x (1.50)", "-", "-", "-", "3.00x (1.50)", "-", "-", "+50.0%", "-", "-",
+    ]  # fmt: skip
 
 
 def test_student_against_the_best_fixed_schedule_and_its_interval():
@@ -93,8 +98,8 @@ def test_student_against_the_best_fixed_schedule_and_its_interval():
     m = summary_metrics(rows)
     assert m["priced_speedup.fitting"]["student_at_least_best_fixed"] == pytest.approx(0.5)
     lines = main_table(rows).splitlines()[2:]
-    assert lines[0].endswith("| [2.10, 2.70] | +20.0% | -4.0% | - |")
-    assert lines[1].endswith("| - | +30.0% | +4.0% | - |")
+    assert cells(lines[0])[-4:] == ["[2.10, 2.70]", "+20.0%", "-4.0%", "-"]
+    assert cells(lines[1])[-4:] == ["-", "+30.0%", "+4.0%", "-"]
 
 
 def _deployed(row: dict) -> dict:
@@ -107,66 +112,65 @@ def test_the_deployed_row_has_gains_of_its_own_beside_the_students():
     x, y = _cell("a", "x", 0.9), _cell("a", "y", 1.3)
     rows = [*x, _deployed(x[0]), *y, _deployed(y[2])]
     m = summary_metrics(rows)
-    assert m["speedup.fitting"]["student_gain_worst"] == pytest.approx(0.9)
-    assert m["deployed.speedup.fitting"]["student_gain_worst"] == pytest.approx(1.0)
-    assert m["deployed.speedup.fitting"]["student_gain_mean"] == pytest.approx((1.0 + 1.3) / 2)
+    assert m["priced_speedup.fitting"]["student_gain_worst"] == pytest.approx(0.9)
+    assert m["deployed.priced_speedup.fitting"]["student_gain_worst"] == pytest.approx(1.0)
+    assert m["deployed.priced_speedup.fitting"]["student_gain_mean"] == pytest.approx((1.0 + 1.3) / 2)
     assert m["deployed.priced_speedup.fitting"]["n_cells"] == 2
-    lines = main_table(rows, "speedup").splitlines()[2:]
-    assert lines[0].endswith("| 0.90x (1.50) | 1.00x (1.50) | - | -10.0% | - | +0.0% |")
-    assert lines[1].endswith("| 1.30x (1.50) | 1.30x (1.50) | - | +30.0% | - | +30.0% |")
+    lines = main_table(rows).splitlines()[2:]
+    assert cells(lines[0])[-6:] == ["1.80x (1.50)", "2.00x (1.50)", "-", "-10.0%", "-", "+0.0%"]
+    assert cells(lines[1])[-6:] == ["2.60x (1.50)", "2.60x (1.50)", "-", "+30.0%", "-", "+30.0%"]
 
 
-def _walled(row, decode, priced, beside=None, wall_of=None):
-    return {**row, "wall_ci_low": 1.0, "wall_ci_high": 1.4, "wall_decode_speedup": decode,
-            "wall_priced_speedup": priced, "wall_beside_priced_speedup": beside, "wall_n_prompts": 3,
-            "wall_of": wall_of or row["method"]}  # fmt: skip
+def _priced_cell() -> PricedCell:
+    """Two prompts: AR 10 + 30 ms; All-Small 5 + 15 ms (2x), the student 8 + 12 ms (2x), the
+    student at a shifted threshold 4 + 16 ms (2x), each with its own statistics."""
+
+    def method(name: str, ms: tuple[float, float], schedule: str = "") -> PricedMethod:
+        return PricedMethod(name, schedule, np.array(ms), np.array([4.0, 6.0]), 1.5, (0.5, 0.25))
+
+    methods = {"all-small": method("all-small", (5, 15), "00"), "student": method("student", (8, 12)),
+               "student:-0.50": method("student:-0.50", (4, 16))}  # fmt: skip
+    return PricedCell(np.array([10.0, 30.0]), np.array([4.0, 6.0]), methods, "")
 
 
-def test_wall_table_leaves_out_the_deployed_copies():
-    """Cell x deploys the student at the exported threshold (a copy of its row: left out); cell y a
-    shifted student, decoded under the name deployed (kept)."""
-    student = _walled(_row("a", "x", "student", 1.2), 1.25, 1.375, 1.25)
-    shifted = _walled({**_row("a", "y", "deployed", 1.5), "deployed_as": "student:0.50"}, 1.5, 1.2)
-    lines = wall_table([student, _deployed(student), shifted]).splitlines()
-    assert lines[2:] == [
-        "| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.25x | 1.38x | 1.10 | 1.00 |",
-        "| a | y | deployed | 3 | 1.50x | [1.00, 1.40] | 1.50x | 1.20x | 0.80 | - |",
-    ]
+def test_priced_rows_carry_the_speedup_its_interval_and_the_statistics():
+    rows = priced_rows(_priced_cell(), n_boot=50)
+    student = rows["student"]
+    assert student["priced_speedup"] == pytest.approx(2.0)
+    assert student["priced_ci_low"] <= 2.0 <= student["priced_ci_high"]
+    assert (student["n_prompts"], student["n_tokens"], student["schedule"]) == (2, 10, "")
+    assert student["priced_tokens_per_s"] == pytest.approx(1e3 * 10 / 20)
+    assert student["mid_call_rate"] == pytest.approx(0.375) and student["mid_calls_per_step"] == [0.5, 0.25]
+    assert "speedup" not in student  # nothing here was decoded for real
 
 
-def test_pricing_agreement_counts_the_decoded_rows_in_the_band_per_profile():
-    """With the stage profile, priced / wall 1.04 (in the band) and 0.80 (out); re-profiled, 1.00
-    (in), the shifted row has no figure; copies and priced-only rows are not counted."""
-    student = _walled(_row("a", "x", "student", 1.2), 1.25, 1.3, 1.25)
-    shifted = _walled({**_row("a", "y", "deployed", 1.5), "deployed_as": "student:0.50"}, 1.5, 1.2)
-    priced_only = {**_row("a", "x", "10101", 1.0), "speedup": None}
-    agreement = pricing_agreement([student, _deployed(student), shifted, priced_only])
-    stage = {"rows": 2, "within": 1, "min": 0.8, "median": 0.92, "max": 1.04}
-    assert agreement["stage"] == {k: pytest.approx(v) for k, v in stage.items()}
-    assert agreement["beside"] == {"rows": 1, "within": 1, "min": 1.0, "median": 1.0, "max": 1.0}
-    assert pricing_agreement([priced_only]) == {}
-
-
-def test_wall_table_sets_the_real_runs_beside_their_pricing():
-    """A row without a re-profiled figure (a run before it existed) shows '-' there."""
-    rows = [
-        {**_row("a", "x", "student", 1.2), "wall_ci_low": 1.0, "wall_ci_high": 1.4,
-         "wall_decode_speedup": 1.25, "wall_priced_speedup": 1.375, "wall_n_prompts": 3},
-        {**_row("a", "x", "10101", 1.0), "speedup": None},  # priced only: not in the wall table
-    ]  # fmt: skip
-    lines = wall_table(rows).splitlines()
-    assert lines[2:] == ["| a | x | student | 3 | 1.20x | [1.00, 1.40] | 1.25x | 1.38x | 1.10 | - |"]
+def test_cell_rows_drop_the_extra_thresholds_and_copy_the_deployed_method():
+    rows = cell_rows(_priced_cell(), 50, "student:-0.50", drop=("student:-0.50",))
+    assert [r["method"] for r in rows] == ["all-small", "student", "deployed"]
+    shifted = priced_rows(_priced_cell(), 50)["student:-0.50"]
+    assert rows[-1] == {**shifted, "method": "deployed", "deployed_as": "student:-0.50"}
+    with pytest.raises(ValueError, match="deploys 'all-mid', which this cell did not price"):
+        cell_rows(_priced_cell(), 50, "all-mid")
 
 
 def test_ablation_rows_in_method_order_per_sorted_cell():
     rows = [_row("b", "x", m, 1.0) for m in ("cascade", "full")] + [
         _row("a", "x", m, 1.0) for m in ("overwrite", "no-eg", "student")
     ]
-    lines = ablation_table(rows).splitlines()[2:]
-    assert [line.split(" | ")[:3] for line in lines] == [
-        ["| a", "x", "no-eg"], ["| a", "x", "overwrite"], ["| b", "x", "full"], ["| b", "x", "cascade"],
+    lines = ablation_table(rows).splitlines()
+    assert cells(lines[0]) == [
+        "pair",
+        "dataset",
+        "method",
+        "speedup",
+        "A",
+        "mid pool (nodes)",
+        "historical picks",
+    ]
+    assert [cells(line)[:3] for line in lines[2:]] == [
+        ["a", "x", "no-eg"], ["a", "x", "overwrite"], ["b", "x", "full"], ["b", "x", "cascade"],
     ]  # fmt: skip
-    assert lines[0] == "| a | x | no-eg | 1.00x | 1.50 | 3.0 | 25.0% |"
+    assert cells(lines[2]) == ["a", "x", "no-eg", "1.00x", "1.50", "3.0", "25.0%"]
     assert ablation_table([]).count("\n") == 1
 
 
@@ -176,7 +180,6 @@ def test_plot_rows():
         "cell": "b/y",
         "method": "all-small",
         "priced_speedup": 2.0,
-        "speedup": 1.1 / 1.1,
     }
     assert calls[:2] == [
         {"cell": "b/y", "step": 1, "mid_call_rate": 0.5},

@@ -18,23 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collectors.collect.records import RoundRecord
-from collectors.collect.replay import small_frontier
-from collectors.pricing.latency import (
-    SCHEMA_VERSION,
-    LatencyProfile,
-    RoundCounts,
-    compare_profiles,
-    counts_from_round,
-    fed_before_calls,
-    interpolate,
-    interpolate_grid,
-    load_profile,
-    median_profile,
-    price_ar,
-    price_round,
-    round_parts,
-    save_profile,
-)
+from collectors.collect.trajectory import small_frontier
 from collectors.pricing.profile_rounds import (
     Reference,
     grown,
@@ -56,6 +40,22 @@ from config.params import ProfileParams
 from decoder import files
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import generate
+from decoder.latency import (
+    SCHEMA_VERSION,
+    LatencyProfile,
+    RoundCounts,
+    compare_profiles,
+    counts_from_round,
+    fed_before_calls,
+    interpolate,
+    interpolate_grid,
+    load_profile,
+    median_profile,
+    price_ar,
+    price_round,
+    round_parts,
+    save_profile,
+)
 from decoder.models import make_pair
 from pipeline.profile import PASSES_FILE, format_table, run_profile
 

@@ -10,7 +10,16 @@ from conftest import noisy_copy, tiny_model
 
 from decoder import measure
 from decoder.config import DecodeConfig
-from decoder.measure import ONCE, Method, Repeats, median_run, run_side_by_side, summarise_results
+from decoder.measure import (
+    ONCE,
+    Method,
+    PolicyMeasurement,
+    Repeats,
+    format_table,
+    median_run,
+    run_side_by_side,
+    summarise_results,
+)
 from decoder.models import make_pair
 from decoder.outcome import GenerationResult
 from decoder.policies import AR
@@ -104,3 +113,18 @@ def test_a_prompt_as_long_as_wanted_runs_once(pair, monkeypatch) -> None:
     run_side_by_side(pair, PROMPTS, METHODS, DecodeConfig(max_new_tokens=8), warmup_tokens=4,
                      repeats=Repeats(min_ar_s=1e-9, most=9))  # fmt: skip
     assert len(calls) == 3 + 3 * len(PROMPTS)
+
+
+def test_the_table_lines_up_and_carries_the_gain_column_only_when_asked() -> None:
+    rows = {
+        "ar": PolicyMeasurement("ar", 40, 2.0, 20.0, 1.0, 0.0, 0.0),
+        "all-mid": PolicyMeasurement("all-mid", 40, 1.25, 32.0, 1.6, 2.5, 1.0, lossless=False),
+    }
+    plain, with_gain = format_table(rows).splitlines(), format_table(rows, gain=True).splitlines()
+    for lines in (plain, with_gain):
+        assert len({len(ln) for ln in lines}) == 1  # every line, header and rule as wide
+        assert [ln.split()[0] for ln in lines[2:]] == ["ar", "all-mid"]
+    assert "gain" not in plain[0] and with_gain[0].split()[-2:] == ["gain", "lossless"]
+    assert plain[2].split()[3] == "1.00x" and plain[3].split()[-1] == "NO"
+    assert [ln.split()[-2] for ln in with_gain[2:]] == ["+0.0%", "+60.0%"]
+    assert [ln.split()[:-2] for ln in with_gain[2:]] == [ln.split()[:-1] for ln in plain[2:]]

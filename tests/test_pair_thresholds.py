@@ -12,12 +12,12 @@ import pytest
 from test_priced_eval import _cell_of
 from test_scheduler_export import hand_student
 
+from collectors.evaluation.deployed import deployed_variants
 from collectors.evaluation.priced_eval import pair_check
-from decoder.deployment import variant_name
+from decoder.deployment import threshold_variants, variant_name
 from decoder.scheduler import ManifestError
 from models.offline import THRESHOLD_OFFSETS
-from pipeline.deploy import threshold_variants
-from pipeline.evaluate import deployed_variants, threshold_transfer
+from pipeline.evaluate import threshold_transfer
 
 
 def test_a_shifted_student_invokes_exactly_above_its_shifted_threshold(tmp_path):

@@ -122,12 +122,20 @@ def test_dtype_device_and_linear_come_from_their_enums(tmp_path: Path) -> None:
 def test_an_output_path_must_stay_inside_the_project(
     tmp_path: Path, mutate: Callable[[dict[str, Any]], None], key_path: str
 ) -> None:
-    if key_path == "params.zoo.out_dir" and ROOT.is_relative_to(Path(tempfile.gettempdir()).resolve()):
-        # a clone inside the temp folder: the project folder itself lies in the temp folder, which
-        # outputs may name (a known gap: relative paths should not get that exception)
-        pytest.skip(f"the project itself sits in the temp folder {tempfile.gettempdir()}")
     err = _refused(tmp_path, mutate)
     assert err.problems[0].startswith(f"{key_path}: must stay inside the project"), err.problems
+
+
+def test_a_relative_escape_is_refused_even_into_the_temp_folder(tmp_path: Path) -> None:
+    """``../x`` leaves the project wherever it sits, a clone under the temp folder included."""
+    err = _refused(tmp_path, lambda r: r["collect"].update(out_dir="../x"))
+    assert err.problems == (
+        f"params.collect.out_dir: must stay inside the project {ROOT} (a relative path may not leave it), "
+        f"resolves to {ROOT.parent / 'x'}, got '../x'",
+    )
+    inside_tmp = Path(tempfile.gettempdir()) / "clone"
+    assert outside_problem("../x", inside_tmp) is not None  # /tmp/x: the temp folder, but by escape
+    assert outside_problem(str(inside_tmp.parent / "x"), inside_tmp) is None  # named absolutely: fine
 
 
 def test_paths_inside_the_project_or_the_temp_folder_are_fine(tmp_path: Path) -> None:
@@ -214,7 +222,6 @@ def _constant(name: str, modules: tuple[str, ...]) -> Any:
 def test_the_enums_match_the_code_that_consumes_them() -> None:
     """config imports nothing of the project, so its copies of the allowed values are checked here."""
     from collectors.collect.plan import BACKENDS
-    from collectors.collect.report import MODES as COLLECT_MODES
     from decoder.config import Grafting
     from decoder.models import DTYPES, LINEAR_KERNELS, check_device
     from decoder.templates import TEMPLATES
@@ -229,7 +236,7 @@ def test_the_enums_match_the_code_that_consumes_them() -> None:
     assert set(cp.DTYPES) == set(DTYPES) and set(cp.LINEAR_KERNELS) == set(LINEAR_KERNELS)
     assert set(cp.TEMPLATES) == set(TEMPLATES) and set(cp.ARCHS) == set(ARCHS)
     assert set(cp.GRAFTING) == {g.value for g in Grafting}
-    assert set(cp.COLLECT_MODES) == set(COLLECT_MODES) and set(cp.BACKENDS) == set(BACKENDS)
+    assert set(cp.BACKENDS) == set(BACKENDS)
     assert set(cp.BUDGET_MODES) == set(BUDGET_MODES) and set(cp.LOSSES) == set(LOSS_CHOICES)
     assert set(cp.THRESHOLD_RULES) == set(THRESHOLD_RULES) and set(cp.TRAIN_SETS) == {"auto", *TRAIN_SETS}
     assert check_device("cpu").type == "cpu"

@@ -22,6 +22,7 @@ from collectors.collect.plan import load_registered_pair
 from collectors.collect.pool import Task, TaskError, run_tasks
 from collectors.collect.replay import Replayer
 from collectors.evaluation import priced_eval
+from collectors.evaluation.eval_report import priced_rows
 from collectors.evaluation.priced_eval import PricedCell, TargetMemo, priced_cell
 from collectors.evaluation.priced_tasks import (
     cell_inputs,
@@ -32,7 +33,7 @@ from collectors.evaluation.priced_tasks import (
 )
 from config.params import ROOT, Params, load_params
 from decoder.policies import FixedSchedule
-from pipeline.evaluate import FIXED_METHODS, _priced_rows
+from pipeline.evaluate import FIXED_METHODS
 
 CELLS = [("tiny", "code"), ("tiny", "chat"), ("tiny-w", "code"), ("tiny-w", "chat")]
 POLICIES = {"odd-steps": FixedSchedule((True, False, True, False, True))}
@@ -121,8 +122,8 @@ def test_priced_cells_equal_with_two_workers_and_cell_by_cell(workspace, monkeyp
         alone = priced_cell(pair, prompts, config, profile, runtime, POLICIES, FIXED_METHODS)
         for got in (local[cell], pooled[cell]):
             _same(got, alone)
-            assert _priced_rows(got, 200) == _priced_rows(alone, 200)
-    assert _priced_rows(local[("tiny", "code")], 200) != _priced_rows(local[("tiny-w", "code")], 200)
+            assert priced_rows(got, 200) == priced_rows(alone, 200)
+    assert priced_rows(local[("tiny", "code")], 200) != priced_rows(local[("tiny-w", "code")], 200)
 
 
 def test_the_costliest_groups_are_handed_out_first(tmp_path) -> None:

@@ -18,8 +18,8 @@ from collectors.evaluation.priced_eval import (
     pair_check,
     priced_cell,
 )
-from collectors.pricing.latency import price_ar, price_round
 from decoder.config import DecodeConfig
+from decoder.latency import price_ar, price_round
 from decoder.models import make_pair
 from decoder.policies import RuntimeContext
 
@@ -89,6 +89,23 @@ def test_bootstrap_interval_brackets_the_ratio_of_sums() -> None:
     assert 1.2 < low < point < high < 1.6
     same = bootstrap_speedup(ar, ar / 1.4)
     assert same == pytest.approx((1.4, 1.4, 1.4))  # no spread, no interval
+    assert bootstrap_speedup(ar[:1], ms[:1]) == (ar[0] / ms[0],) * 3  # one prompt: nothing to resample
+
+
+def test_bootstrap_resamples_prompts_with_their_ar_and_method_times_together() -> None:
+    rng = np.random.default_rng(1)
+    ar = rng.uniform(20, 400, size=12)  # prompts of very different lengths: pairing matters
+    ms = ar / rng.uniform(1.1, 2.0, size=12)
+    n_boot, seed = 500, 7
+    # the definition: resample prompt indices, take the ratio of sums, read the 2.5 and 97.5 percentiles
+    idx = np.random.default_rng(seed).integers(0, len(ms), size=(n_boot, len(ms)))
+    boot = ar[idx].sum(axis=1) / ms[idx].sum(axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    assert bootstrap_speedup(ar, ms, n_boot, seed) == pytest.approx(
+        (ar.sum() / ms.sum(), low, high), rel=1e-12
+    )
+    assert bootstrap_speedup(ar, ms, n_boot, seed) == bootstrap_speedup(ar, ms, n_boot, seed)
+    assert bootstrap_speedup(ar, ms, n_boot, seed + 1) != bootstrap_speedup(ar, ms, n_boot, seed)
 
 
 def _cell_of(ar_ms: list[float], **ms: list[float]) -> PricedCell:

@@ -13,7 +13,6 @@ import pytest
 from conftest import noisy_copy, tiny_model
 
 from collectors.collect.execute import execute_prompt
-from collectors.pricing.latency import counts_from_round, price_round, round_parts
 from collectors.pricing.pricing_check import (
     PricingRow,
     check_components,
@@ -25,6 +24,7 @@ from collectors.pricing.profile_rounds import reference_context
 from collectors.pricing.profiling import measure_profile
 from decoder.config import DecodeConfig
 from decoder.generate import generate
+from decoder.latency import counts_from_round, price_round, round_parts
 from decoder.models import make_pair
 from decoder.policies import RuntimeContext, StepContext
 from decoder.timing import COMPONENTS

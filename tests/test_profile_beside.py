@@ -1,5 +1,5 @@
-"""evaluate's pair profiled again beside its wall-clock cells: the profile stage's measurement, so the
-two profiles compare point by point and the pricing check can set one against the other."""
+"""wall_check's pair profiled again beside its decodes: the profile stage's measurement, so the two
+profiles compare point by point and the pricing check can set one against the other."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from conftest import noisy_copy, tiny_model
 from test_latency import linear_profile
 
 from collectors.collect.plan import tree_config
-from collectors.pricing.latency import COMPONENTS, compare_profiles, load_profile
+from collectors.evaluation.wall_decode import profile_beside, profile_drift
 from config.params import load_params
+from decoder.latency import COMPONENTS, compare_profiles, load_profile
 from decoder.models import make_pair
-from pipeline.evaluate import profile_beside, profile_drift
 from pipeline.profile import run_profile
 
 SETTINGS = {"context_len": 16, "passes": 1, "warmup": 0, "repeats": 1, "samples_per_repeat": 1,

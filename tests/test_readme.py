@@ -123,20 +123,27 @@ def test_learned_budget_line_says_whether_full_graft_chose_per_task():
     assert "zoo-x 1.700x per task vs 1.800x once, chosen once" in line
 
 
+WALL = {
+    "summary": {
+        "stage": {"rows": 20, "within": 14, "outside": 2, "unresolved": 4, "min": 0.79, "median": 1.02,
+                  "max": 1.28},
+        "beside": {"rows": 20, "within": 17, "outside": 0, "unresolved": 3, "min": 0.88, "median": 0.99,
+                   "max": 1.12},
+    },
+    "profile_drift": {"zoo-l": {"verify": 0.8, "mid": 0.91}},
+}  # fmt: skip
+
+
 def test_pricing_line_sets_both_profiles_and_the_drift_side_by_side():
-    metrics = {
-        "pricing_agreement": {
-            "stage": {"rows": 108, "within": 79, "min": 0.79, "median": 1.02, "max": 1.28},
-            "beside": {"rows": 108, "within": 101, "min": 0.88, "median": 0.99, "max": 1.12},
-        },
-        "profile_drift": {"zoo-l": {"verify": 0.8, "mid": 0.91}},
-    }
-    line = pricing_line(metrics)
-    assert "(the prices of every table above) on 79 of 108 rows (median 1.02, 0.79-1.28)" in line
-    assert "profiled again just before its wall-clock cells (one pass) on 101 of 108 rows" in line
-    assert line.startswith("Priced / wall clock (decoding only) within 0.90-1.10: ")
+    line = pricing_line(WALL)
+    assert (
+        "(the prices of every table above): within on 14 of 20, outside on 2, unresolved on 4 "
+        "(median 1.02, 0.79-1.28)" in line
+    )
+    assert "profiled again just before its decodes (one pass): within on 17 of 20, outside on 0" in line
+    assert line.startswith("Priced / measured (decoding only), its 95% interval against 0.90-1.10: ")
     assert line.endswith("faster now): zoo-l verify 0.80, mid 0.91.")
-    assert pricing_line({}) == ""  # a run before the check: no line
+    assert pricing_line({}) == ""  # no wall_check metrics: no line
 
 
 def test_half_split_line_states_the_mean_and_worst_report_and_is_empty_without_them():
@@ -191,19 +198,23 @@ GRAFT = {"n_cells": 12, "mean_speedup": {"full": 1.63, "hindsight": 1.51},
          "mean_wall_speedup": {"full": 1.72}, "full_graft_at_least_hindsight": 11 / 12}  # fmt: skip
 
 
-def test_headline_table_has_one_row_per_group_and_the_graft_row():
+def test_headline_table_has_one_row_per_group_the_pricing_check_and_the_graft_row():
     metrics = {
         "deployed.priced_speedup.fitting": deployed(1.095, 1.0, 25, 0.84),
-        "deployed.speedup.fitting": deployed(1.084, 1.0, 25),
         "deployed.priced_speedup.held-out_pair": deployed(1.151, 1.022, 5, 1.0),
         "priced_speedup.fitting": deployed(2.0, 0.5, 25, 0.1),  # the student's own row is not the headline
     }
-    lines = headline_table(metrics, GRAFT).splitlines()
-    assert len(lines) == 5
-    assert lines[2] == "| fitting (25) | mean +9.5%, worst +0.0% | mean +8.4%, worst +0.0% | 84% |"
-    assert lines[3] == "| held-out pair (5) | mean +15.1%, worst +2.2% | n/a | 100% |"
-    assert "full GRAFT 1.63x" in lines[4] and "1.72x wall clock" in lines[4] and "1.51x" in lines[4]
-    assert "92%" in lines[4]
+    lines = headline_table(metrics, GRAFT, WALL).splitlines()
+    assert len(lines) == 6
+    assert lines[2] == "| fitting (25) | mean +9.5%, worst +0.0% | 84% |"
+    assert lines[3] == "| held-out pair (5) | mean +15.1%, worst +2.2% | 100% |"
+    assert lines[4] == (
+        "| pricing vs the clock (`wall_check`, 20 pair x policy) | priced / measured median 1.02 "
+        "(0.79-1.28); 95% interval within 0.90-1.10 on 14 of 20 | |"
+    )
+    assert "full GRAFT 1.63x" in lines[5] and "1.72x wall clock" in lines[5] and "1.51x" in lines[5]
+    assert "92%" in lines[5]
+    assert len(headline_table(metrics, GRAFT).splitlines()) == 5  # no wall_check metrics: no such row
     with pytest.raises(ValueError, match="deployed"):
         headline_table({"priced_speedup.fitting": deployed(1.0, 1.0, 1)}, GRAFT)
 
@@ -238,11 +249,12 @@ def test_main_writes_the_results_page_and_the_headline_from_the_artifacts(tmp_pa
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content if isinstance(content, str) else json.dumps(content))
 
-    ev = {"deployed.priced_speedup.fitting": deployed(1.095, 1.0, 25, 0.84),
-          "deployed.speedup.fitting": deployed(1.084, 1.0, 25)}  # fmt: skip
-    for name in ("table.md", "wall.md", "ablations.md"):
+    ev = {"deployed.priced_speedup.fitting": deployed(1.095, 1.0, 25, 0.84)}
+    for name in ("table.md", "ablations.md"):
         put(params.evaluate.out_dir, name, f"| {name} |")
     put(params.evaluate.out_dir, "metrics.json", ev)
+    put(params.wall_check.out_dir, "wall.md", "| wall.md |")
+    put(params.wall_check.out_dir, "metrics.json", WALL)
     put(params.evaluate.out_dir, "results.json", {"main": []})
     put(params.budget.out_dir, "budgets.md", "| budgets |")
     put(params.distill.out_dir, "offline.md", "| offline |")
@@ -265,6 +277,9 @@ def test_main_writes_the_results_page_and_the_headline_from_the_artifacts(tmp_pa
     for table in ("| table.md |", "| wall.md |", "| budgets |", "| graft |", "| offline |", "| summary |"):
         assert table in page
     text = (tmp_path / "README.md").read_text()
-    assert "| fitting (25) | mean +9.5%, worst +0.0% | mean +8.4%, worst +0.0% | 84% |" in text
+    assert (
+        "| fitting (25) | mean +9.5%, worst +0.0% | 84% |" in text and "within 0.90-1.10 on 14 of 20" in text
+    )
+    assert "Priced / measured (decoding only)" in page
     assert f"[{RESULTS_PAGE}]({RESULTS_PAGE})" in text and "| table.md |" not in text
     assert text.startswith("# T\n") and text.endswith(f"{END}\n## Install\n")

@@ -17,10 +17,10 @@ from test_budget import trees_and_targets
 
 from collectors.collect.replay import Replayer
 from collectors.pricing.budget_sweep import RoundRule, sweep_pair
-from collectors.pricing.latency import LatencyProfile
 from decoder.budget import expected_gains, round_budget, verify_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import autoregressive, generate
+from decoder.latency import LatencyProfile
 from decoder.models import make_pair
 from decoder.policies import schedule_bits
 from decoder.tree import DraftTree

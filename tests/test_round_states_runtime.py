@@ -17,10 +17,10 @@ from test_latency import linear_profile
 from collectors.collect.execute import execute_prompt
 from collectors.collect.records import runtime_for
 from collectors.collect.report import ReportSpec, collect_report
-from collectors.pricing.latency import price_round
 from config.params import TrainConfig
 from decoder.config import DecodeConfig
 from decoder.generate import generate
+from decoder.latency import price_round
 from decoder.models import make_pair
 from decoder.outcome import first_round_start
 from decoder.policies import schedule_bits

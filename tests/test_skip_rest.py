@@ -21,10 +21,10 @@ from test_scheduler_export import student_artifact
 
 from collectors.collect.policy_replay import replay_policy
 from collectors.collect.replay import Replayer
-from collectors.pricing.latency import counts_from_round
 from decoder.artifact import ManifestError
 from decoder.config import DecodeConfig
 from decoder.generate import generate
+from decoder.latency import counts_from_round
 from decoder.models import make_pair
 from decoder.policies import RuntimeContext, StepContext, schedule_bits
 from decoder.scheduler import load_scheduler

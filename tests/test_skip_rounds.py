@@ -24,10 +24,10 @@ from test_skip_rest import RUNTIME, _ctx, _round_set, _tables
 
 from collectors.collect.policy_replay import replay_policy
 from collectors.collect.replay import Replayer
-from collectors.pricing.latency import counts_from_round
 from decoder.artifact import ManifestError
 from decoder.config import DecodeConfig
 from decoder.generate import generate
+from decoder.latency import counts_from_round
 from decoder.models import make_pair
 from decoder.policies import RoundBackoff, schedule_bits, start_generation
 from decoder.scheduler import LearnedScheduler, load_scheduler

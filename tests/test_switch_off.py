@@ -12,12 +12,12 @@ from conftest import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.pricing.latency import LatencyProfile
-from collectors.pricing.round_prices import ProfilePricer
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.generate import generate
+from decoder.latency import LatencyProfile
 from decoder.models import make_pair
 from decoder.outcome import OFF, TREE, RoundModes, RoundStats
+from decoder.round_prices import ProfilePricer
 from decoder.switch_off import SwitchOff, SwitchOffRule
 
 DEPTH = 3

@@ -26,7 +26,6 @@ from pathlib import Path
 from collectors.collect.report import (
     ReportSpec,
     collect_report,
-    digest_file,
     digest_json,
     schema_inputs,
     specs_for,
@@ -35,9 +34,10 @@ from collectors.collect.report import (
 from collectors.collect.source_closure import closure_fingerprint
 from collectors.data.prompts import Question, encode_prompts, load_questions
 from collectors.pricing.budget_file import read_pair_budget
-from collectors.pricing.latency import LatencyProfile, load_profile
 from config.params import Params, TreeParams, resolve
 from decoder.config import DecodeConfig, TreeConfig
+from decoder.files import sha256_of_file
+from decoder.latency import LatencyProfile, load_profile
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
@@ -213,7 +213,7 @@ def digest_folder(folder: Path) -> str:
         raise FileNotFoundError(f"{folder}: model folder holds no files")
     stamp = (str(folder.resolve()), tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
     if stamp not in _FOLDERS:
-        entries = [(p.relative_to(folder).as_posix(), digest_file(p)) for p in files]
+        entries = [(p.relative_to(folder).as_posix(), sha256_of_file(p)) for p in files]
         _FOLDERS[stamp] = digest_json(entries)
     return _FOLDERS[stamp]
 

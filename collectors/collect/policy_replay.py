@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from collectors.collect.branch_mid import BranchMid, batch_rescore, committed_kv
 from collectors.collect.records import RoundRecord
-from collectors.collect.replay import Branch, Replayer, ReplayInputs, Walk, read_log
+from collectors.collect.replay import Branch, Replayer, ReplayInputs, read_log
+from collectors.collect.trajectory import Walk
 from decoder.construct import RoundBuilder
 from decoder.mid import TreeScores
 from decoder.outcome import first_round_start

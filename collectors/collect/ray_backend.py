@@ -43,10 +43,10 @@ from tqdm import tqdm
 
 from collectors.collect.plan import pair_tree, profile_for, report_inputs, report_prompts
 from collectors.collect.report import ReportSpec, ReportTables, collect_report, write_report
-from collectors.pricing.latency import LatencyProfile
 from config.params import ROOT, Params, RayParams
 from decoder.config import DecodeConfig
 from decoder.devices import cuda_device_count, worker_devices
+from decoder.latency import LatencyProfile
 from decoder.memory import configure_process
 from decoder.models import load_pair
 

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from itertools import accumulate
 
-from collectors.pricing.latency import LatencyProfile, RoundCounts, fed_before_calls, price_round
 from decoder.config import TreeConfig
+from decoder.latency import LatencyProfile, RoundCounts, fed_before_calls, price_round
 from decoder.policies import RuntimeContext
 from decoder.runtime_costs import runtime_costs
 from decoder.state import (

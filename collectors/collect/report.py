@@ -26,21 +26,21 @@ from tqdm import tqdm
 
 from collectors.collect.execute import execute_prompt
 from collectors.collect.records import ReportKey, RoundRecord, bits_text, runtime_for, trajectory_rows
-from collectors.collect.replay import BranchOutcome, PromptReplay, Replayer
-from collectors.pricing.latency import LatencyProfile, RoundCounts, price_round
+from collectors.collect.replay import Replayer
+from collectors.collect.trajectory import BranchOutcome, PromptReplay
+from config.params import COLLECT_MODES
 from decoder.config import DecodeConfig
-from decoder.files import fsync_dir
+from decoder.files import fsync_dir, sha256_of_file
 from decoder.json_manifest import read_json_object
+from decoder.latency import LatencyProfile, RoundCounts, price_round
 from decoder.models import ModelPair
 from decoder.policies import schedule_bits
 from features.collect_schemas import MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
 from features.tables import SchemaError, TableSpec, read_table, to_table, write_table
 
 log = logging.getLogger(__name__)
-MODES = ("replay", "execute")
 MANIFEST = "manifest.json"
 TABLE_NAMES = ("trajectories", "actions", "rounds")
-_CHUNK = 1 << 20
 
 
 class ReportError(ValueError):
@@ -87,8 +87,8 @@ def collect_report(
     round_table_stride: int = 1,
 ) -> ReportTables:
     """Run all 2^D schedules on the report's prompts and build its three tables."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in COLLECT_MODES:
+        raise ValueError(f"mode must be one of {COLLECT_MODES}, got {mode!r}")
     depth = config.tree.depth
     specs = specs_for(depth)
     schedules = [schedule_bits(s, depth) for s in range(2**depth)]
@@ -202,14 +202,6 @@ def digest_json(value: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def digest_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def inputs_key(inputs: Mapping[str, object]) -> str:
     return digest_json(dict(inputs))
 
@@ -244,7 +236,7 @@ def write_report(
         for name in TABLE_NAMES:
             path = tmp / f"{name}.parquet"
             write_table(path, specs[name], getattr(tables, name))
-            files[path.name] = digest_file(path)
+            files[path.name] = sha256_of_file(path)
         manifest = {
             "report_id": spec.report_id,
             "key": inputs_key(inputs),
@@ -290,7 +282,7 @@ def check_report(folder: Path, inputs: Mapping[str, object]) -> None:
         path = folder / f"{name}.parquet"
         if not path.is_file():
             raise ReportError(f"{path}: missing")
-        if digest_file(path) != manifest["files"].get(path.name):
+        if sha256_of_file(path) != manifest["files"].get(path.name):
             raise ReportError(f"{path}: content differs from its digest in {MANIFEST} (truncated or corrupt)")
 
 

@@ -19,7 +19,6 @@ Everything is deterministic given the seed. Sources and licences live in :data:`
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from typing import Any
 from collectors.data import gsm_runner
 from collectors.data.prompts import Question, write_questions
 from config.params import PinnedPackage
+from decoder.files import sha256_of_file
 from decoder.templates import get_template, render
 
 log = logging.getLogger(__name__)
@@ -104,17 +104,9 @@ def _split_pin(pin: PinnedPackage) -> tuple[str, str]:
     return name, version
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_sha256(path: Path, pin: PinnedPackage) -> Path:
     """``path`` if its SHA-256 is the pinned one; else delete it and raise PinError."""
-    got = file_sha256(path)
+    got = sha256_of_file(path)
     if got != pin.sha256:
         path.unlink()
         raise PinError(f"{pin.requirement}: {path.name} has SHA-256 {got}, pinned {pin.sha256}: refused")

@@ -1,26 +1,32 @@
 """Tables, summary numbers and plots of the evaluate stage, from its result rows (pure functions).
 
 Each result row is one method on one (pair, dataset) cell, with `is_held_out_pair` and
-`is_held_out_task`. The primary number is ``priced_speedup`` (exact replay counts x the latency
-profile, every method, with ``priced_ci_low``/``priced_ci_high``); ``speedup`` is wall clock, for
-the methods decoded for real (null otherwise), with ``wall_ci_low``/``wall_ci_high`` and
-``wall_priced_speedup`` (the same real runs' counts priced: the pricing check; with
-``wall_beside_priced_speedup``, priced with the pair profiled again next to those runs). The student's gain is
-measured against the better of the two fixed endpoints (All-Small, All-Mid) on the same cell, as in
-the paper, and against the best fixed schedule in hindsight; so is the ``deployed`` row's (per pair,
-the student at the pair's threshold or the better endpoint, whichever the pair check on calibration
-prompts chose, named in ``deployed_as``: a copy of that method's row, or the shifted student's own).
-Rows become one polars frame (a later row of the same cell and method replaces an earlier one);
-grouping and means are polars expressions.
+`is_held_out_task`. The number is ``priced_speedup`` (exact replay counts x the latency profile,
+every method, with ``priced_ci_low``/``priced_ci_high``); ablation rows, decoded for real, have the
+wall-clock ``speedup``. The student's gain is measured against the better of the two fixed
+endpoints (All-Small, All-Mid) on the same cell, as in the paper, and against the best fixed
+schedule in hindsight; so is the ``deployed`` row's (per pair, the student at the pair's threshold
+or the better endpoint, whichever the pair check on calibration prompts chose, named in
+``deployed_as``: a copy of that method's row). Rows become one polars frame (a later row of the
+same cell and method replaces an earlier one); grouping and means are polars expressions. Markdown
+tables are tabulate's GitHub format.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
 import polars as pl
+from tabulate import tabulate
 
 from collectors.evaluation.plots import new_figure
 
-MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", "value-planner", "student", "deployed")
+if TYPE_CHECKING:
+    from collectors.evaluation.priced_eval import PricedCell
+
+DEPLOYED = "deployed"  # per pair, the row of what its deployment bundle deploys (the pair check's)
+MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", "value-planner", "student", DEPLOYED)
 LEARNED = ("student", "deployed")  # the rows whose gains are reported
 ABLATIONS = ("full", "no-eg", "overwrite", "cascade")
 CELL = ("pair_id", "dataset_id")
@@ -55,11 +61,43 @@ def result_frame(rows: list[dict]) -> pl.DataFrame:
     return frame.unique([*CELL, "method"], keep="last", maintain_order=True).with_columns(group=GROUP)
 
 
+def priced_rows(cell: PricedCell, n_boot: int) -> dict[str, dict]:
+    """Per method of the priced cell, its row: the priced speedup with its 95% interval, tokens,
+    priced tokens/s, mean accepted length and the mid-call rates."""
+    out = {}
+    for name, (point, low, high) in cell.speedups(n_boot).items():
+        m = cell.methods[name]
+        out[name] = {
+            "method": name,
+            "schedule": m.schedule,
+            "n_prompts": len(m.ms),
+            "n_tokens": int(m.tokens.sum()),
+            "priced_tokens_per_s": 1e3 * float(m.tokens.sum() / m.ms.sum()),
+            "priced_speedup": point,
+            "priced_ci_low": low,
+            "priced_ci_high": high,
+            "mean_accepted_length": m.accepted,
+            "mid_call_rate": float(sum(m.mid_calls_per_step) / len(m.mid_calls_per_step)),
+            "mid_calls_per_step": list(m.mid_calls_per_step),
+        }
+    return out
+
+
+def cell_rows(cell: PricedCell, n_boot: int, deploys: str, drop: Collection[str] = ()) -> list[dict]:
+    """The cell's rows (:func:`priced_rows`) but the methods in ``drop``, then the ``deployed`` row:
+    a copy of the row of ``deploys`` (the method the pair's bundle deploys), with ``deployed_as``."""
+    rows = priced_rows(cell, n_boot)
+    if deploys not in rows:
+        raise ValueError(f"the pair deploys {deploys!r}, which this cell did not price: {sorted(rows)}")
+    kept = [r for name, r in rows.items() if name not in drop]
+    return [*kept, {**rows[deploys], "method": DEPLOYED, "deployed_as": deploys}]
+
+
 def _of(method: str, expr: pl.Expr) -> pl.Expr:
     return expr.filter(pl.col("method") == method).last()
 
 
-def cell_frame(rows: list[dict], key: str = "speedup", learned: str = "student") -> pl.DataFrame:
+def cell_frame(rows: list[dict], key: str = "priced_speedup", learned: str = "student") -> pl.DataFrame:
     """One row per cell that has a ``learned`` row (the student, or the deployed row), in first-seen
     order: the endpoints' and its ``key`` (``value_*``; ``value_student`` is the learned row's), its
     group, the cell's first row's group (``sort_group``), each main method's (key, mean accepted
@@ -84,7 +122,7 @@ def cell_frame(rows: list[dict], key: str = "speedup", learned: str = "student")
     )
 
 
-def student_gains(rows: list[dict], key: str = "speedup") -> dict[str, list[float]]:
+def student_gains(rows: list[dict], key: str = "priced_speedup") -> dict[str, list[float]]:
     """Student / better endpoint, per group of cells."""
     per_group = cell_frame(rows, key).group_by("group", maintain_order=True).agg("gain")
     return dict(per_group.iter_rows())
@@ -97,8 +135,12 @@ def metric_prefix(key: str, learned: str = "student") -> str:
 
 
 def summary_metrics(rows: list[dict]) -> dict:
+    """Per learned row (student, deployed) and group of cells, its priced gain over the better
+    endpoint (mean, best, worst), the share of cells where it is at least the best fixed schedule
+    in hindsight and the cell count; then every main method's mean priced speedup."""
     out = {}
-    for key, learned in ((k, m) for m in LEARNED for k in ("speedup", "priced_speedup")):
+    key = "priced_speedup"
+    for learned in LEARNED:
         stats = (
             cell_frame(rows, key, learned)
             .group_by("group", maintain_order=True)
@@ -113,38 +155,40 @@ def summary_metrics(rows: list[dict]) -> dict:
         )
         for s in stats.iter_rows(named=True):
             out[metric_prefix(key, learned) + s.pop("group").replace(" ", "_")] = s
-    for key in ("speedup", "priced_speedup"):
-        means = dict(
-            result_frame(rows)
-            .filter(pl.col("method").is_in(MAIN_METHODS) & pl.col(key).is_not_null())
-            .group_by("method")
-            .agg(pl.col(key).mean())
-            .iter_rows()
-        )
-        if means:
-            out[f"mean_{key}"] = {m: means[m] for m in MAIN_METHODS if m in means}
+    means = dict(
+        result_frame(rows)
+        .filter(pl.col("method").is_in(MAIN_METHODS) & pl.col(key).is_not_null())
+        .group_by("method")
+        .agg(pl.col(key).mean())
+        .iter_rows()
+    )
+    if means:
+        out[f"mean_{key}"] = {m: means[m] for m in MAIN_METHODS if m in means}
     return out
 
 
-def main_table(rows: list[dict], key: str = "priced_speedup") -> str:
-    """Markdown: one line per cell, speedup over AR (mean accepted length) per method, the
+def _markdown(head: list[str], body: list[list[str]]) -> str:
+    """A GitHub-format Markdown table of ready-formatted cells (no number parsing)."""
+    return tabulate(body, head, tablefmt="github", disable_numparse=True)
+
+
+def main_table(rows: list[dict]) -> str:
+    """Markdown: one line per cell, priced speedup over AR (mean accepted length) per method, the
     student's 95% interval and its gain over the better endpoint and over the best fixed schedule,
     and the deployed row's gain over the better endpoint."""
-    head = (
-        "| pair | dataset | group | " + " | ".join(MAIN_METHODS)
-        + " | student 95% CI | vs better end | vs best fixed | deployed vs better end |"
-    )  # fmt: skip
-    lines = [head, "|" + "---|" * (len(MAIN_METHODS) + 7)]
+    key = "priced_speedup"
+    head = ["pair", "dataset", "group", *MAIN_METHODS, "student 95% CI", "vs better end", "vs best fixed",
+            "deployed vs better end"]  # fmt: skip
     deployed = {
         (c["pair_id"], c["dataset_id"]): c["gain"]
         for c in cell_frame(rows, key, "deployed").iter_rows(named=True)
     }
-    low, high = (
-        ("priced_ci_low", "priced_ci_high") if key == "priced_speedup" else ("wall_ci_low", "wall_ci_high")
-    )
     ci = {
-        (r["pair_id"], r["dataset_id"]): (r.get(low), r.get(high)) for r in rows if r["method"] == "student"
+        (r["pair_id"], r["dataset_id"]): (r.get("priced_ci_low"), r.get("priced_ci_high"))
+        for r in rows
+        if r["method"] == "student"
     }
+    body = []
     for c in cell_frame(rows, key).sort("sort_group", *CELL).iter_rows(named=True):
         vals = [_cell(c[m], key) for m in MAIN_METHODS]
         lo, hi = ci.get((c["pair_id"], c["dataset_id"]), (None, None))
@@ -152,95 +196,27 @@ def main_table(rows: list[dict], key: str = "priced_speedup") -> str:
         vs_best = f"{c['gain_best_fixed'] - 1:+.1%}" if c["gain_best_fixed"] is not None else "-"
         gain_deployed = deployed.get((c["pair_id"], c["dataset_id"]))
         vs_deployed = f"{gain_deployed - 1:+.1%}" if gain_deployed is not None else "-"
-        lines.append(
-            f"| {c['pair_id']} | {c['dataset_id']} | {c['group']} | "
-            + " | ".join(vals)
-            + f" | {interval} | {c['gain'] - 1:+.1%} | {vs_best} | {vs_deployed} |"
-        )
-    return "\n".join(lines)
+        body.append([c["pair_id"], c["dataset_id"], c["group"], *vals, interval, f"{c['gain'] - 1:+.1%}",
+                     vs_best, vs_deployed])  # fmt: skip
+    return _markdown(head, body)
 
 
 def _cell(row: dict | None, key: str) -> str:
     return f"{row[key]:.2f}x ({row['mean_accepted_length']:.2f})" if row and row[key] is not None else "-"
 
 
-def _decoded(frame: pl.DataFrame) -> pl.DataFrame:
-    """The rows of methods decoded for real under their own name: a ``deployed`` row counts only
-    where its pair decoded it (``wall_of`` == "deployed", a shifted threshold), not as a copy."""
-    own = pl.col("method") != "deployed"
-    if "wall_of" in frame.columns:
-        own = own | (pl.col("wall_of") == pl.col("method"))
-    keep = pl.col("method").is_in(MAIN_METHODS) & own & pl.col("speedup").is_not_null()
-    order = {m: i for i, m in enumerate(MAIN_METHODS)}
-    rank = pl.col("method").replace_strict(order, default=len(MAIN_METHODS))
-    return frame.filter(keep).sort("group", *CELL, rank)
-
-
-def _ratio(r: dict, key: str) -> str:
-    return f"{r[key] / r['wall_decode_speedup']:.2f}" if r.get(key) is not None else "-"
-
-
-def wall_table(rows: list[dict]) -> str:
-    """Markdown: the methods decoded for real, wall-clock speedup with its 95% interval beside the
-    same runs priced (their counts x the profile): the check that the pricing matches the clock,
-    with the pair's stage profile (the prices the scheduler was trained with) and, where measured,
-    with the pair profiled again just before these decodes (``beside``: the cost model on the
-    machine as it ran). The deployed rows that copy a decoded method's row are left out."""
-    head = (
-        "| pair | dataset | method | prompts | wall clock | 95% CI | wall, decoding only "
-        "| priced, same runs | priced / wall decoding | re-profiled: priced / wall decoding |"
-    )
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
-    frame = result_frame(rows)
-    if "wall_priced_speedup" not in frame.columns:
-        return "\n".join(lines)
-    for r in _decoded(frame).iter_rows(named=True):
-        lines.append(
-            f"| {r['pair_id']} | {r['dataset_id']} | {r['method']} | {r['wall_n_prompts']} | "
-            f"{r['speedup']:.2f}x | [{r['wall_ci_low']:.2f}, {r['wall_ci_high']:.2f}] | "
-            f"{r['wall_decode_speedup']:.2f}x | {r['wall_priced_speedup']:.2f}x | "
-            f"{_ratio(r, 'wall_priced_speedup')} | {_ratio(r, 'wall_beside_priced_speedup')} |"
-        )
-    return "\n".join(lines)
-
-
-AGREEMENT = (0.90, 1.10)  # the issue's band for priced / measured
-
-
-def pricing_agreement(rows: list[dict]) -> dict[str, dict]:
-    """Priced over wall-clock decoding speedup on the rows decoded for real, per profile: ``stage``
-    (the profile stage's, the prices of every table) and ``beside`` (the pair profiled again just
-    before its decodes; only where measured): how many rows, how many within AGREEMENT, the lowest,
-    median and highest ratio."""
-    frame = result_frame(rows)
-    out: dict[str, dict] = {}
-    for name, key in (("stage", "wall_priced_speedup"), ("beside", "wall_beside_priced_speedup")):
-        if key not in frame.columns:
-            continue
-        priced = _decoded(frame).filter(pl.col(key).is_not_null())
-        ratio = (priced[key] / priced["wall_decode_speedup"]).alias("ratio")
-        if ratio.len():
-            out[name] = {
-                "rows": ratio.len(),
-                "within": int(ratio.is_between(*AGREEMENT).sum()),
-                "min": ratio.min(),
-                "median": ratio.median(),
-                "max": ratio.max(),
-            }
-    return out
-
-
 def ablation_table(rows: list[dict]) -> str:
-    head = "| pair | dataset | method | speedup | A | mid pool (nodes) | historical picks |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    """Markdown: per cell in method order, the ablation's wall-clock speedup over AR, its mean
+    accepted length, mid pool size and share of historical picks."""
+    head = ["pair", "dataset", "method", "speedup", "A", "mid pool (nodes)", "historical picks"]
     rank = pl.col("method").replace_strict({m: i for i, m in enumerate(ABLATIONS)}, return_dtype=pl.Int64)
     table = result_frame(rows).filter(pl.col("method").is_in(ABLATIONS)).sort(*CELL, rank)
-    for r in table.iter_rows(named=True):
-        lines.append(
-            f"| {r['pair_id']} | {r['dataset_id']} | {r['method']} | {r['speedup']:.2f}x | "
-            f"{r['mean_accepted_length']:.2f} | {r['mid_pool_mean']:.1f} | {r['historical_pick_share']:.1%} |"
-        )
-    return "\n".join(lines)
+    body = [
+        [r["pair_id"], r["dataset_id"], r["method"], f"{r['speedup']:.2f}x",
+         f"{r['mean_accepted_length']:.2f}", f"{r['mid_pool_mean']:.1f}", f"{r['historical_pick_share']:.1%}"]
+        for r in table.iter_rows(named=True)
+    ]  # fmt: skip
+    return _markdown(head, body)
 
 
 def speedup_plot(rows: list[dict], path) -> object:
@@ -287,9 +263,9 @@ def calls_plot(rows: list[dict], depth: int, path) -> object:
 
 
 def plot_rows(rows: list[dict], depth: int) -> tuple[list[dict], list[dict]]:
-    """CSV rows for `dvc plots`: speedup per (pair, dataset, method); student calls per step."""
+    """CSV rows for `dvc plots`: priced speedup per (pair, dataset, method); student calls per step."""
     frame = result_frame(rows).with_columns(cell=pl.format("{}/{}", *CELL))
-    speed = frame.select("cell", "method", "priced_speedup", "speedup").to_dicts()
+    speed = frame.select("cell", "method", "priced_speedup").to_dicts()
     calls = (
         frame.filter(pl.col("method") == "student")
         .select(

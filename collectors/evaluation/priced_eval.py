@@ -26,12 +26,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy import stats
 
 from collectors.collect.policy_replay import replay_policy
 from collectors.collect.records import RoundRecord, bits_text
 from collectors.collect.replay import Replayer
-from collectors.pricing.latency import LatencyProfile, price_ar, price_round
 from decoder.config import DecodeConfig
+from decoder.latency import LatencyProfile, price_ar, price_round
 from decoder.models import ModelPair
 from decoder.ngram import NgramDrafter
 from decoder.policies import FixedSchedule, RuntimeContext, parse_policy, schedule_bits
@@ -78,14 +79,30 @@ def _priced(
 def bootstrap_speedup(
     ar_ms: np.ndarray, ms: np.ndarray, n_boot: int = 2000, seed: int = 0
 ) -> tuple[float, float, float]:
-    """(point, low, high): sum(ar_ms) / sum(ms) and its 95% percentile bootstrap over prompts."""
+    """(point, low, high): sum(ar_ms) / sum(ms) and its 95% percentile bootstrap over prompts.
+
+    A resample draws prompts with replacement, each keeping its own (ar_ms, ms) pair; the draws
+    depend only on ``seed``, ``n_boot`` and the prompt count, so every method of one cell gets the
+    same resamples. With one prompt there is nothing to resample: the interval is the point.
+    """
     point = float(ar_ms.sum() / ms.sum())
     if len(ms) < 2:
         return point, point, point
-    idx = np.random.default_rng(seed).integers(0, len(ms), size=(n_boot, len(ms)))
-    boot = ar_ms[idx].sum(axis=1) / ms[idx].sum(axis=1)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return point, float(low), float(high)
+    res = stats.bootstrap(
+        (ar_ms, ms),
+        _ratio_of_sums,
+        n_resamples=n_boot,
+        vectorized=True,
+        paired=True,
+        confidence_level=0.95,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _ratio_of_sums(ar_ms: np.ndarray, ms: np.ndarray, axis: int = -1) -> np.ndarray:
+    return ar_ms.sum(axis=axis) / ms.sum(axis=axis)
 
 
 @dataclass

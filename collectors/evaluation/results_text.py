@@ -6,43 +6,50 @@ and writes the pages. Kept apart so the wording can be tested without any artifa
 
 from __future__ import annotations
 
-from collectors.evaluation.eval_report import AGREEMENT, metric_prefix
+from collectors.evaluation.eval_report import metric_prefix
+from collectors.evaluation.wall_agreement import AGREEMENT
 
 
 def _gain_words(stats: dict) -> str:
     return f"mean {stats['student_gain_mean'] - 1:+.1%}, worst {stats['student_gain_worst'] - 1:+.1%}"
 
 
-def headline_table(ev_metrics: dict, graft_metrics: dict) -> str:
-    """One row per group of cells for the deployed scheduler (priced and wall clock against the
-    better of All-Small and All-Mid, and how often it reaches the best fixed schedule in hindsight),
-    then full GRAFT's mean speedup over autoregressive decoding."""
-    priced, wall = metric_prefix("priced_speedup", "deployed"), metric_prefix("speedup", "deployed")
+def headline_table(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict | None = None) -> str:
+    """One row per group of cells for the deployed scheduler (priced against the better of All-Small
+    and All-Mid, and how often it reaches the best fixed schedule in hindsight), the pricing check
+    against the clock (``wall_metrics``, the wall_check stage's, where given), then full GRAFT's
+    mean speedup over autoregressive decoding."""
+    priced = metric_prefix("priced_speedup", "deployed")
     lines = [
         "| held-back cells | deployed scheduler vs the better of All-Small and All-Mid, priced "
-        "| same, wall clock | >= the best fixed schedule in hindsight |",
-        "|---|---|---|---|",
+        "| >= the best fixed schedule in hindsight |",
+        "|---|---|---|",
     ]
     for name, stats in sorted(ev_metrics.items()):
         if not name.startswith(priced):
             continue
         group = name.removeprefix(priced)
-        measured = ev_metrics.get(wall + group)
         best = stats.get("student_at_least_best_fixed")
         lines.append(
             f"| {group.replace('_', ' ')} ({stats['n_cells']}) | {_gain_words(stats)} "
-            f"| {'n/a' if measured is None else _gain_words(measured)} "
             f"| {'n/a' if best is None else f'{best:.0%}'} |"
         )
     if len(lines) == 2:
         raise ValueError("evaluate metrics.json: no deployed.priced_speedup.* groups")
+    stage = (wall_metrics or {}).get("summary", {}).get("stage")
+    if stage:
+        lines.append(
+            f"| pricing vs the clock (`wall_check`, {stage['rows']} pair x policy) | priced / measured "
+            f"median {stage['median']:.2f} ({stage['min']:.2f}-{stage['max']:.2f}); 95% interval within "
+            f"{AGREEMENT[0]:.2f}-{AGREEMENT[1]:.2f} on {stage['within']} of {stage['rows']} | |"
+        )
     means = graft_metrics["mean_speedup"]
     walls = graft_metrics.get("mean_wall_speedup", {})
     wall_full = f", {walls['full']:.2f}x wall clock" if "full" in walls else ""
     lines.append(
         f"| GRAFT, block drafters ({graft_metrics['n_cells']}) | full GRAFT {means['full']:.2f}x over "
         f"autoregressive decoding{wall_full}; DDTree at its best B in hindsight {means['hindsight']:.2f}x "
-        f"| | {graft_metrics['full_graft_at_least_hindsight']:.0%} (vs DDTree's best B) |"
+        f"| {graft_metrics['full_graft_at_least_hindsight']:.0%} (vs DDTree's best B) |"
     )
     return "\n".join(lines)
 
@@ -206,26 +213,31 @@ def transfer_line(metrics: dict) -> str:
 
 
 def pricing_line(metrics: dict) -> str:
-    """How many decoded rows price within the band of their wall clock, with the stage's profiles and
-    with each pair profiled again beside its decodes, and how far the machine drifted in between."""
-    agreement = metrics.get("pricing_agreement", {})
-    if not agreement:
+    """The wall_check stage's verdicts: per profile (the stage's, and each pair's re-measured one),
+    of how many (pair, method) rows the 95% interval of priced / measured lies within the band,
+    outside it, or holds an edge, with the median and range, and how far the machine drifted."""
+    summary = metrics.get("summary", {})
+    if not summary:
         return ""
     low, high = AGREEMENT
     words = {
         "stage": "with the profile stage's profiles (the prices of every table above)",
-        "beside": "with each pair profiled again just before its wall-clock cells (one pass)",
+        "beside": "with each pair profiled again just before its decodes (one pass)",
     }
     parts = [
-        f"{words[k]} on {a['within']} of {a['rows']} rows "
-        f"(median {a['median']:.2f}, {a['min']:.2f}-{a['max']:.2f})"
-        for k, a in agreement.items()
+        f"{words[k]}: within on {a['within']} of {a['rows']}, outside on {a['outside']}, unresolved on "
+        f"{a['unresolved']} (median {a['median']:.2f}, {a['min']:.2f}-{a['max']:.2f})"
+        for k, a in summary.items()
     ]
     drift = metrics.get("profile_drift", {})
     moved = "; ".join(
         f"{pair_id} " + ", ".join(f"{c} {r:.2f}" for c, r in d.items()) for pair_id, d in drift.items()
     )
-    line = f"Priced / wall clock (decoding only) within {low:.2f}-{high:.2f}: " + "; ".join(parts) + "."
+    line = (
+        f"Priced / measured (decoding only), its 95% interval against {low:.2f}-{high:.2f}: "
+        + "; ".join(parts)
+        + "."
+    )
     if moved:
         line += (
             " Re-profiled over the stage's profile per component (geometric mean over the points, "

@@ -7,7 +7,7 @@ reference context (a prompt prefilled into the target, the drafter reading its f
 collectors/pricing/profiling.py times a latency profile: every job runs once per pass in a fresh random
 order, a figure is the median over kept repeats of the per-repeat medians, and on a CPU with one
 torch thread the clock is this thread's CPU time. Verification and AR come from the pair's
-latency profile (collectors/pricing/latency.py), so given these measurements a round's price depends on
+latency profile (decoder/latency.py), so given these measurements a round's price depends on
 its counts only.
 
 Price of a round that verifies n drafted nodes: drafter_ms + build_ms(n) + verify_ms(n + 1)
@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from collectors.pricing.latency import LatencyProfile, Points, interpolate
 from collectors.pricing.profiling import Job, profile_clock, robust_medians
 from decoder.block import BlockProposer
 from decoder.block_budget import NODE_FEATURES, rule_budget
@@ -32,6 +31,7 @@ from decoder.budget import linear_cost, saba_budget
 from decoder.config import BlockBudgetRule
 from decoder.ddtree import build_ddtree
 from decoder.edge_scorer import EdgeScorer
+from decoder.latency import LatencyProfile, Points, interpolate
 from decoder.models import ModelPair
 from decoder.verify import TargetVerifier
 

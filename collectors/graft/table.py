@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from tabulate import tabulate
+
 from collectors.graft.walk import Round
 
 ROWS = (
@@ -63,32 +65,33 @@ def row_stats(
 
 def markdown(cells: Sequence[dict]) -> str:
     """One line per cell: each row as `speedup (A, mismatch, size @ B)`."""
-    head = "| pair | dataset | group | " + " | ".join(label for _, label in ROWS) + " |"
-    lines = [head, "|" + "---|" * (3 + len(ROWS))]
-    for c in cells:
-        parts = []
-        for key, _ in ROWS:
-            r = c["rows"][key]
-            parts.append(
-                f"{r['speedup']:.2f}x (A {r['mean_accepted']:.2f}, mm {r['mismatch_rate']:.2f}, "
-                f"n {r['tree_size']:.1f} @ B={r['budget']})"
-            )
-        lines.append(f"| {c['pair_id']} | {c['dataset_id']} | {c['group']} | " + " | ".join(parts) + " |")
-    return "\n".join(lines) + "\n"
+    head = ["pair", "dataset", "group", *(label for _, label in ROWS)]
+    body = [
+        [c["pair_id"], c["dataset_id"], c["group"], *(_row_cell(c["rows"][key]) for key, _ in ROWS)]
+        for c in cells
+    ]
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n"
+
+
+def _row_cell(r: dict) -> str:
+    return (
+        f"{r['speedup']:.2f}x (A {r['mean_accepted']:.2f}, mm {r['mismatch_rate']:.2f}, "
+        f"n {r['tree_size']:.1f} @ B={r['budget']})"
+    )
 
 
 def markdown_wall(cells: Sequence[dict]) -> str:
     """One line per cell: each decoded row's wall-clock speedup over AR and, last, the priced over
     the wall-clock speedup of full GRAFT (1.00 = pricing matches the clock)."""
     keys = [(k, label) for k, label in ROWS if k in cells[0]["wall"]]
-    head = (
-        "| pair | dataset | "
-        + " | ".join(f"{label}, wall" for _, label in keys)
-        + " | full GRAFT priced / wall |"
-    )
-    lines = [head, "|" + "---|" * (3 + len(keys))]
-    for c in cells:
-        parts = [f"{c['wall'][k]:.2f}x" for k, _ in keys]
-        ratio = c["rows"]["full"]["speedup"] / c["wall"]["full"]
-        lines.append(f"| {c['pair_id']} | {c['dataset_id']} | " + " | ".join(parts) + f" | {ratio:.2f} |")
-    return "\n".join(lines) + "\n"
+    head = ["pair", "dataset", *(f"{label}, wall" for _, label in keys), "full GRAFT priced / wall"]
+    body = [
+        [
+            c["pair_id"],
+            c["dataset_id"],
+            *(f"{c['wall'][k]:.2f}x" for k, _ in keys),
+            f"{c['rows']['full']['speedup'] / c['wall']['full']:.2f}",
+        ]
+        for c in cells
+    ]
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n"

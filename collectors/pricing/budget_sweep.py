@@ -26,11 +26,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collectors.collect.branch_mid import committed_kv
-from collectors.collect.replay import Branch, BranchOutcome, Replayer, Walk, accepted_along, small_frontier
-from collectors.pricing.latency import LatencyProfile, RoundCounts, fed_before_calls, price_ar, price_round
+from collectors.collect.replay import Branch, Replayer
+from collectors.collect.trajectory import BranchOutcome, Walk, accepted_along, small_frontier
 from decoder.budget import budget_sweep, expected_gains, linear_cost, round_budget, saba_budget
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.construct import RoundBuilder
+from decoder.latency import LatencyProfile, RoundCounts, fed_before_calls, price_ar, price_round
 from decoder.models import ModelPair
 from decoder.outcome import first_round_start
 

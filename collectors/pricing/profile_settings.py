@@ -13,7 +13,7 @@ from config.params import ProfileParams
 from decoder.config import TreeConfig
 
 if TYPE_CHECKING:
-    from collectors.pricing.latency import LatencyProfile
+    from decoder.latency import LatencyProfile
     from decoder.models import ModelPair
 
 

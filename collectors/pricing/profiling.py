@@ -23,7 +23,7 @@ a mid) is built by the decoder's RoundBuilder on that context. Timed, as the dec
   step. Timed one at a time after a random other component, a step found the caches cold and cost
   up to 1.5x what autoregressive decoding pays per token on the tiny zoo models (0.94-1.07 vs
   0.71-0.75 ms on zoo-m), which inflated every priced speedup of the cheap pairs.
-- cold-cache round terms (collectors.pricing.latency), each a job timed right after that untimed target
+- cold-cache round terms (decoder.latency), each a job timed right after that untimed target
   forward, less its warm figure (floored at 0): the verify of the pair's tree with a mid call of
   n tokens in between (n: `Grid.last_calls`; a larger call evicts more: zoo-s's 8-node verify cost
   0.84 / 0.89 / 1.02 ms after 1 / 16 / 100 tokens, 0.79 after a verify), less verify(pair's
@@ -60,7 +60,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from collectors.pricing.latency import DEFAULT_MID_FED, DEFAULT_MID_TOKENS, DEFAULT_SIZES, LatencyProfile
 from collectors.pricing.profile_rounds import (
     PreStep,
     RealRounds,
@@ -72,6 +71,7 @@ from collectors.pricing.profile_rounds import (
     student_like,
 )
 from decoder.config import TreeConfig
+from decoder.latency import DEFAULT_MID_FED, DEFAULT_MID_TOKENS, DEFAULT_SIZES, LatencyProfile
 from decoder.models import ModelPair
 from decoder.policies import BuildState, RuntimeContext, StepContext
 from decoder.tensors import causal_block, forward_block

@@ -1,6 +1,6 @@
 """A `decoder.switch_off.RoundPricer` over a measured LatencyProfile: what a decoded round cost.
 
-Contract: a verified round (TREE) is priced as collectors.pricing.latency prices it (`price_round` of its
+Contract: a verified round (TREE) is priced as decoder.latency prices it (`price_round` of its
 counts). A round that ran as one autoregressive step prices that step as the profile's AR step
 instead of a one-node verify: a DRAFTLESS round pays its drafting, tree work and scheduler
 decisions on top, an OFF round (speculation switched off) the AR step alone. A fixed schedule takes
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from collectors.pricing.latency import LatencyProfile, counts_from_round, round_parts
+from decoder.latency import LatencyProfile, counts_from_round, round_parts
 from decoder.outcome import DRAFTLESS, OFF, RoundStats
 from decoder.policies import FixedSchedule
 

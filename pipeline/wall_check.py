@@ -1,0 +1,93 @@
+"""DVC stage ``wall_check``: does the pricing agree with the clock? Runs after ``evaluate``.
+
+Per evaluated pair, ``wall_check.prompts_per_pair`` of evaluate's held-back prompts (round-robin over
+its datasets) are decoded for real by ``wall_check.methods`` and autoregressive decoding, side by
+side with identical warm-up; where the pair's bundle deploys the student at a shifted threshold,
+that policy is decoded too, as ``deployed``. Any output that differs from autoregressive decoding
+beyond a numerical near-tie fails the stage. A fast pair's prompts are timed again and again until
+AR's runs of each last ``wall_check.min_ar_s`` (at most ``max_repeats`` runs; every method keeps its
+run of median wall time). Each pair is profiled again (one pass of the profile stage's measurement)
+just before its decodes. Per pair and method the stage reports priced / measured decoding speedup
+with a bootstrap 95% interval over prompts, priced with the stage's profile and with the one taken
+beside, and whether the interval lies within 0.90-1.10 (collectors/evaluation/wall_agreement.py),
+beside evaluate's priced speedup of the same pair and method (its results.json); the decodes are
+collectors/evaluation/wall_decode.py's. Writes under
+wall_check.out_dir: wall.md, results.json, metrics.json, the profiles taken beside (profiles/) and
+Spec-Bench answer files (specbench/).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from tqdm import tqdm
+
+from collectors.evaluation.deployed import (
+    deployed_checks,
+    deployed_variants,
+    exported_students,
+    learned_policies,
+)
+from collectors.evaluation.priced_tasks import decode_config
+from collectors.evaluation.wall_agreement import agreement_summary, agreement_table, mark_rows
+from collectors.evaluation.wall_decode import check_pair, wall_methods
+from config.params import Params, resolve
+from decoder.latency import save_profile
+from decoder.measure import Repeats
+from models.offline import THRESHOLD_OFFSETS
+from pipeline.cli import run_stage
+from pipeline.runtime import apply_runtime
+from pipeline.tracking import log_files, log_metrics, stage_run, write_json
+
+log = logging.getLogger(__name__)
+
+
+def main(params: Params) -> dict:
+    apply_runtime(params)
+    cfg, pairs = params.wall_check, params.evaluate.pairs
+    unknown = [p for p in pairs if p not in params.pairs]
+    if unknown:
+        raise ValueError(
+            f"evaluate.pairs: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}"
+        )
+    repeats = Repeats(cfg.min_ar_s, cfg.max_repeats)
+    out = resolve(cfg.out_dir)
+    evaluated = resolve(params.evaluate.out_dir) / "results.json"
+    if not evaluated.is_file():
+        raise FileNotFoundError(f"{evaluated}: missing; run the evaluate stage first")
+    with stage_run("wall_check", params):
+        students = exported_students(params, THRESHOLD_OFFSETS)
+        policies = learned_policies(params, students)
+        wall_methods(cfg.methods, policies, params.tree.depth)  # a bad name fails here, before any decode
+        deployments = deployed_checks(params, {p: decode_config(params, p).tree for p in pairs}, students)
+        shifted = deployed_variants(deployments)
+        rows, drift, lossless = [], {}, {}
+        for pair_id in tqdm(pairs, desc="wall_check", unit="pair"):
+            names = [*cfg.methods, *shifted.get(pair_id, {})]
+            checked = check_pair(params, pair_id, names, {**policies, **shifted.get(pair_id, {})}, repeats)
+            rows += checked.rows
+            drift[pair_id], lossless[pair_id] = checked.drift, checked.lossless
+            save_profile(checked.beside, out / "profiles" / f"{pair_id}.json")
+            for (method, dataset), records in checked.answers.items():
+                path = out / "specbench" / method / f"{pair_id}__{dataset}.jsonl"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("".join(json.dumps(a) + "\n" for a in records))
+        deploys = {p: d.decision["deploys"] for p, d in deployments.items()}
+        main_rows = json.loads(evaluated.read_text())["main"]
+        rows = mark_rows(rows, deploys, params.evaluate.held_out_pairs, main_rows)
+        summary = agreement_summary(rows)
+        agreement = {p: {r["method"]: r for r in rows if r["pair_id"] == p} for p in pairs}
+        metrics = {"agreement": agreement, "summary": summary, "profile_drift": drift}
+        table = agreement_table(rows)
+        write_json(out / "results.json", {"rows": rows, "lossless": lossless})
+        write_json(out / "metrics.json", metrics)
+        (out / "wall.md").write_text(table + "\n")
+        log_metrics(metrics)
+        log_files([out / name for name in ("wall.md", "results.json")])
+    print(table)
+    return metrics
+
+
+if __name__ == "__main__":
+    run_stage("wall_check", main)
