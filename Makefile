@@ -82,7 +82,8 @@ bench-regimes: repro
 # (benchmarks/bench_linear.py), profile its cost curves, let the budget stage choose its shape (B*,
 # policy or AR), collect a small slice and evaluate it with the default's student
 # (artifacts/real-pair/), then decode held-back prompts side by side in bf16 and fp32
-# (benchmarks/bench_real_pair.py).
+# (benchmarks/bench_real_pair.py), and per prompt AR against All-Small with the switch-off
+# (benchmarks/bench_never_loses.py: fp32 on oneDNN, bf16; wall and CPU time, outputs checked).
 bench-real-pair: repro
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,ray,real-pair]"
 	HF_HUB_OFFLINE=1 $(PY) -m models.real_pair
@@ -93,6 +94,11 @@ bench-real-pair: repro
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.evaluate --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.wall_check --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_real_pair.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_never_loses.py --profile real-pair --switch-off \
+		--pair qwen2.5-coder-1.5b-0.5b-fp32 --linear onednn --dtypes float32 \
+		--out artifacts/bench/never_loses_real_fp32
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_never_loses.py --profile real-pair --switch-off \
+		--pair qwen2.5-coder-1.5b-0.5b --dtypes bfloat16 --out artifacts/bench/never_loses_real_bf16
 
 # Writes docs/results.md and the README's headline table from the outputs of the last `make repro`.
 results: $(STAMP)

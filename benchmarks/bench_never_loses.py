@@ -18,11 +18,14 @@ in decoder.switch_off.SwitchOff, priced with the pair's latency profile (the pro
 registered pair, --latency-profile for one by path).
 Per dtype the pair is loaded afresh and every prompt is decoded by AR, then by the policy, --repeats
 times interleaved, each keeping its median-time run (one shared warm-up first, wall clock only).
-Per prompt: the wall-time ratio AR / policy, A (accepted drafted tokens per round), the rounds
+Per prompt: the wall-time ratio AR / policy, the CPU-time ratio of the same runs (every thread of
+the process: on a shared machine another tenant's load stretches wall time run to run by 10-20%
+but CPU time by well under 1%, so it tells the policy's own cost apart from the machine's noise),
+A (accepted drafted tokens per round), the rounds
 verified / run as AR / switch-offs, the priced ratio when a profile is at hand, and whether the
 output is identical to AR's, a classified near-tie (bf16) or a real mismatch
-(decoder.check_lossless, fp32 judge). Per dtype: pooled ratio (tokens/s), minimum, prompts under
-0.97x, and the process's RSS after loading and at its peak. Writes <out>.json, .md.
+(decoder.check_lossless, fp32 judge). Per dtype, for wall and CPU time: pooled ratio (tokens/s),
+minimum, prompts under 0.97x; and the process's RSS after loading and at its peak. Writes <out>.json, .md.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from collectors.collect.plan import pair_tree, profile_for, tree_config
+from collectors.collect.plan import pair_tree, profile_for, profile_path, tree_config
 from collectors.data.prompts import PromptFileError, Question, encode_prompts, load_benchmarks, load_questions
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, load_params, resolve
@@ -83,7 +86,8 @@ def rss_gib() -> tuple[float, float]:
         for line in fh:
             if line.startswith("VmRSS:"):
                 current = int(line.split()[1]) / 2**20
-    return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return current, max(current, peak)  # the kernel's high-water mark can trail VmRSS by a few pages
 
 
 def held_back(params: Params, per_dataset: int, datasets: list[str] | None = None) -> list[Question]:
@@ -109,8 +113,8 @@ def source_of(params: Params, args: argparse.Namespace) -> Source:
     if args.pair:
         target, mid = params.pair_paths(args.pair)
         spec = params.pairs[args.pair]
-        profile_file = resolve(params.profile.out_dir) / f"{args.pair}.json"
-        profile = profile_for(params, args.pair) if profile_file.is_file() else None
+        has_profile = profile_path(params, args.pair).is_file()
+        profile = profile_for(params, args.pair) if has_profile else None
         tree, policy = cli_tree(params, args), args.policy
         chosen = budgets_path(params)
         if chosen.is_file() and args.pair in json.loads(chosen.read_text(encoding="utf-8")):
@@ -164,6 +168,7 @@ def prompt_row(q: Question, ar: GenerationResult, res: GenerationResult, verdict
         "question_id": q.question_id,
         "n_tokens": len(res.new_tokens),
         "ratio": ar.wall_s / res.wall_s if res.wall_s > 0 else 0.0,
+        "cpu_ratio": ar.cpu_s / res.cpu_s if res.cpu_s > 0 else 0.0,
         "accepted": res.mean_accepted_length,
         "rounds_verified": modes.verified,
         "rounds_as_ar": modes.as_ar,
@@ -195,12 +200,16 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
     tps = sum(len(r.new_tokens) for r in res) / sum(r.wall_s for r in res)
     ratios = [row["ratio"] for row in rows]
+    cpu = [row["cpu_ratio"] for row in rows]
     info = {
         "dtype": dtype,
         "rows": rows,
         "pooled_ratio": tps / ar_tps,
         "min_ratio": min(ratios),
         "below_floor": sum(r < FLOOR for r in ratios),
+        "pooled_cpu_ratio": sum(r.cpu_s for r in ar) / sum(r.cpu_s for r in res),
+        "min_cpu_ratio": min(cpu),
+        "below_floor_cpu": sum(r < FLOOR for r in cpu),
         "rss_loaded_gib": loaded,
         "rss_peak_gib": rss_gib()[1],
     }
@@ -220,17 +229,21 @@ def markdown(head: dict, infos: list[dict]) -> str:
     for info in infos:
         lines += [
             "",
-            f"**{info['dtype']}**: pooled {info['pooled_ratio']:.2f}x, minimum {info['min_ratio']:.2f}x, "
-            f"{info['below_floor']} prompt(s) under {FLOOR}x; RSS {info['rss_loaded_gib']:.2f} GiB loaded, "
+            f"**{info['dtype']}**: wall clock pooled {info['pooled_ratio']:.2f}x, minimum "
+            f"{info['min_ratio']:.2f}x, {info['below_floor']} prompt(s) under {FLOOR}x; CPU time pooled "
+            f"{info['pooled_cpu_ratio']:.2f}x, minimum {info['min_cpu_ratio']:.3f}x, "
+            f"{info['below_floor_cpu']} prompt(s) under {FLOOR}x; "
+            f"RSS {info['rss_loaded_gib']:.2f} GiB loaded, "
             f"{info['rss_peak_gib']:.2f} GiB peak (process so far).",
             "",
-            "| prompt | ratio | priced | A | verified / as AR / switch-offs | output |",
-            "|---|---|---|---|---|---|",
+            "| prompt | ratio (wall) | ratio (CPU) | priced | A | verified / as AR / switch-offs | output |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in info["rows"]:
             priced = f"{r['priced_ratio']:.2f}x" if "priced_ratio" in r else "-"
             lines.append(
-                f"| {r['category']} {r['question_id']} | {r['ratio']:.2f}x | {priced} | {r['accepted']:.2f} "
+                f"| {r['category']} {r['question_id']} | {r['ratio']:.2f}x | {r['cpu_ratio']:.3f}x "
+                f"| {priced} | {r['accepted']:.2f} "
                 f"| {r['rounds_verified']} / {r['rounds_as_ar']} / {r['switch_offs']} | {r['output']} |"
             )
     return "\n".join(lines) + "\n"

@@ -87,7 +87,10 @@ def ddtree_generate(
         )
         tree = round_tree(committed[-1], marginals, config.block, pair.vocab_size, edges, prev_accepted)
         t2 = clock()
-        verdict = verifier.verify(tree, config.temperature, rng)
+        if len(tree) == 1:  # nothing drafted (a budget of 0): the autoregressive step, as AR runs it
+            verdict = verifier.step(tree.tokens[0], config.temperature, rng)
+        else:
+            verdict = verifier.verify(tree, config.temperature, rng)
         t3 = clock()
         new = [tree.tokens[a] for a in verdict.accepted] + [verdict.bonus]
         prev_accepted = len(verdict.accepted)

@@ -21,7 +21,9 @@ priced with the bundle's profile.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
 import json
 import math
 import shutil
@@ -40,8 +42,7 @@ from decoder.bundle import (
     verified_folder,
 )
 from decoder.config import DecodeConfig, TreeConfig
-from decoder.files import sha256_of_file
-from decoder.latency import LatencyProfile, load_profile
+from decoder.latency import LatencyProfile, profile_from_bytes
 from decoder.policies import AR, RuntimeContext, parse_policy, uses_mid
 from decoder.runtime_costs import RuntimeCosts
 from decoder.scheduler import LearnedScheduler, check_features, load_scheduler
@@ -312,7 +313,8 @@ def load_deployment(
     pins the sha256 of the pair's checksums.json."""
     found = verified_folder(path, pair, REQUIRED_FILES, expect_sha256)
     where = found.folder / DEPLOYMENT_FILE
-    parsed = parse_record(read_json(where), where)
+    as_written = read_json(where)
+    parsed = parse_record(copy.deepcopy(as_written), where)
     if found.pair_id is not None and parsed["pair_id"] != found.pair_id:
         raise DeploymentError(
             f"{where}: pair_id {parsed['pair_id']!r}, but the index lists it as {found.pair_id!r}"
@@ -328,11 +330,12 @@ def load_deployment(
     )  # fmt: skip
     policy = _policy(found.folder, parsed)
     profile_path = found.folder / PROFILE_FILE
-    if sha256_of_file(profile_path) != parsed["profile"]["sha256"]:
+    raw = profile_path.read_bytes()  # read once: the bytes hashed are the bytes parsed
+    if hashlib.sha256(raw).hexdigest() != parsed["profile"]["sha256"]:
         raise DeploymentError(f"{profile_path}: not the latency profile deployment.json records "
                               f"(sha256 {parsed['profile']['sha256']})")  # fmt: skip
     try:
-        profile = load_profile(profile_path)
+        profile = profile_from_bytes(raw, profile_path)
     except (ValueError, KeyError, TypeError) as e:
         raise DeploymentError(f"{profile_path}: not a latency profile ({e})") from e
     if models.mid is None and uses_mid(parse_policy(policy, config.tree.depth)):
@@ -347,7 +350,7 @@ def load_deployment(
         models=models,
         folder=found.folder,
         checksums_sha256=str(found.checksums_sha256),
-        record=read_json(where),  # as written, for provenance
+        record=as_written,  # as written, for provenance
         profile=profile,
     )
 

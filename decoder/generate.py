@@ -27,6 +27,8 @@ The command line is decoder/cli.py (`python -m decoder --target PATH [--mid PATH
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -166,6 +168,7 @@ def generate(
     serves 'ddtree'; without one, a CausalLMProposer over the pair's mid drafter stands in.
     `edge_scorer` (GRAFT's TDES) ranks the 'ddtree' tree by parent-aware edge scores.
     """
+    cpu0 = time.process_time()
     config = config or DecodeConfig()
     parsed = parse_policy(policy, config.tree.depth)
     start_generation(parsed)  # a scheduler's per-generation state (backoff) starts afresh
@@ -178,15 +181,22 @@ def generate(
             check_block_prompt(pair, prompt, config, proposer.k, pair.mid)
         else:
             check_block_prompt(pair, prompt, config, proposer.k)
-        return ddtree_generate(pair, prompt, proposer, config, timing, edge_scorer)
+        return _with_cpu(ddtree_generate(pair, prompt, proposer, config, timing, edge_scorer), cpu0)
     if edge_scorer is not None:
         raise ValueError(f"an edge scorer serves the 'ddtree' policy only, not {policy!r}")
     if uses_mid(parsed) and pair.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter but the pair has none")
     check_prompt(pair, prompt, config, parsed)
     if parsed == AR:
-        return autoregressive(pair, prompt, config)
-    return _speculative(pair, prompt, parsed, config, runtime, timing)
+        return _with_cpu(autoregressive(pair, prompt, config), cpu0)
+    return _with_cpu(_speculative(pair, prompt, parsed, config, runtime, timing), cpu0)
+
+
+def _with_cpu(result: GenerationResult, cpu0: float) -> GenerationResult:
+    """``result`` with the CPU seconds since ``cpu0`` (time.process_time: every thread of this
+    process). On a shared machine another tenant's load stretches wall time but hardly this, so a
+    benchmark can tell a method's own cost from the machine's noise."""
+    return dataclasses.replace(result, cpu_s=time.process_time() - cpu0)
 
 
 def _speculative(

@@ -225,9 +225,15 @@ def save_profile(profile: LatencyProfile, path: str | Path) -> Path:
 def load_profile(path: str | Path) -> LatencyProfile:
     """Read a profile; ValueError naming the file on bad JSON, another version, or wrong keys."""
     path = Path(path)
+    return profile_from_bytes(path.read_bytes(), path)
+
+
+def profile_from_bytes(raw: bytes, path: str | Path) -> LatencyProfile:
+    """A profile from a file's bytes (read once by a caller that also hashes them); errors name
+    ``path``, as load_profile's."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")

@@ -88,6 +88,7 @@ class GenerationResult:
     prefill_s: float
     wall_s: float  # prefill + decoding
     stopped_at_eos: bool
+    cpu_s: float = 0.0  # this process's CPU seconds over the call, every thread (generate sets it)
 
     @property
     def decoded_tokens(self) -> int:

@@ -5,10 +5,13 @@ THRESHOLD_OFFSETS against All-Small and All-Mid, replayed and priced on the pair
 prompts (the collect.prompts_per_report questions right after the collect slice, of every fitting
 dataset: no training state came from them, and they end before evaluate's held-back prompts), the
 fastest threshold where it beats the better endpoint, that endpoint otherwise
-(collectors.evaluation.priced_eval.pair_check). Writes ``<deploy.out_dir>/<pair>/`` per pair (the student,
-deployment.json with the decision, the pair's tree from the budget stage, the runtime costs from its
-profile, the models, provenance; checksums.json: decoder/deployment.py) and
-``<deploy.out_dir>/index.json`` with each pair's checksums digest. evaluate scores these bundles.
+(collectors.evaluation.priced_eval.pair_check). Thresholds are tried in order of preference, the
+exported one first, then by distance from it; a later one must price more than NEAR_TIE (1%) faster
+to be chosen, so a near-tie on the calibration prompts keeps the threshold the student was fit at.
+Writes ``<deploy.out_dir>/<pair>/`` per pair (the student, deployment.json with the decision, the
+pair's tree from the budget stage, the runtime costs from its profile, the models, provenance;
+checksums.json: decoder/deployment.py) and ``<deploy.out_dir>/index.json`` with each pair's
+checksums digest. evaluate scores these bundles.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from collectors.collect.plan import digest_folder, pair_tree, profile_for, tree_config
-from collectors.evaluation.priced_eval import ENDPOINTS, FIXED, pair_check
+from collectors.collect.plan import digest_folder, pair_tree, profile_for, profile_path, tree_config
+from collectors.evaluation.priced_eval import ENDPOINTS, FIXED, NEAR_TIE, pair_check
 from collectors.evaluation.priced_tasks import calibration_range, decode_config, priced_cells
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, resolve
@@ -61,10 +64,17 @@ def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dic
         priced = priced_cells(params, cells, students, endpoints, bar.update, prompts, hindsight=False)
     out = {}
     for pair_id in cfg.pairs:
-        out[pair_id] = pair_check([priced[(pair_id, d)] for d in datasets], tuple(students))
+        cells_of_pair = [priced[(pair_id, d)] for d in datasets]
+        out[pair_id] = pair_check(cells_of_pair, preference_order(students), NEAR_TIE)
         log.info("%s: the pair check deploys %s (%s)", pair_id, out[pair_id]["deploys"],
                  ", ".join(f"{m} {v:.3f}x" for m, v in out[pair_id]["speedup"].items()))  # fmt: skip
     return out
+
+
+def preference_order(students: Mapping[str, LearnedScheduler]) -> tuple[str, ...]:
+    """The threshold variants, the exported one first, then by distance from it (lower first)."""
+    offset = {variant_name(o): o for o in THRESHOLD_OFFSETS}
+    return tuple(sorted(students, key=lambda name: (abs(offset[name]), offset[name])))
 
 
 def decision_of(check: Mapping[str, object], students: Mapping[str, LearnedScheduler]) -> dict[str, object]:
@@ -99,11 +109,10 @@ def pair_record(
     spec, (target, mid) = params.pairs[pair_id], params.pair_paths(pair_id)
     costs = runtime_costs(profile, tree)
     student = resolve(params.export.out_dir) / "scheduler"
-    profile_file = resolve(params.profile.out_dir) / f"{pair_id}.json"
     inputs = {
         "scheduler.json": sha256_of_file(student.with_suffix(".json")),
         "scheduler.safetensors": sha256_of_file(student.with_suffix(".safetensors")),
-        "profile": sha256_of_file(profile_file),
+        "profile": sha256_of_file(profile_path(params, pair_id)),
         "target": digest_folder(target),
         **({"mid": digest_folder(mid)} if spec.mid else {}),
         **({"budgets.json": sha256_of_file(budgets_path(params))} if params.budget.mode != "fixed" else {}),
@@ -159,8 +168,9 @@ def main(params: Params) -> dict[str, str]:
             record = pair_record(
                 params, pair_id, decision_of(check, students), folder, profile_for(params, pair_id)
             )
-            profile_file = resolve(params.profile.out_dir) / f"{pair_id}.json"
-            digests[pair_id] = write_pair_bundle(folder, record, student.with_suffix(""), profile_file)
+            digests[pair_id] = write_pair_bundle(
+                folder, record, student.with_suffix(""), profile_path(params, pair_id)
+            )
             log.info("%s: wrote %s (checksums sha256 %s)", pair_id, folder, digests[pair_id])
         write_index(out, digests)
         versions = register_bundles(out, digests)

@@ -52,7 +52,6 @@ from decoder.measure import Method
 from decoder.scheduler import LearnedScheduler
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.cli import run_stage
-from pipeline.registry import promote_champions
 from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json
 
@@ -170,9 +169,6 @@ def main(params: Params) -> dict:
         log_figure(calls_plot(rows, depth, out / "calls_per_step.png"), "calls_per_step.png")
         log_metrics(metrics)
         log_files([out / name for name in ("table.md", "ablations.md", "results.json")])
-        # each bundle was scored on the held-back prompts: its registered version is the champion
-        champions = promote_champions({p: d.checksums_sha256 for p, d in deployments.items()})
-        log.info("champion versions: %s", champions)
     print(table)
     print()
     print(abl)

@@ -58,7 +58,13 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from collectors.collect.plan import dataset_file, load_registered_pair, report_questions
+from collectors.collect.plan import (
+    dataset_file,
+    load_registered_pair,
+    profile_for,
+    profile_path,
+    report_questions,
+)
 from collectors.collect.report import ReportSpec
 from collectors.graft.budget import (
     Arm,
@@ -82,7 +88,6 @@ from decoder.block_drafter import load_block_drafter
 from decoder.config import BlockBudgetRule
 from decoder.edge_scorer import EdgeScorer, load_edge_scorer
 from decoder.files import replace_atomically
-from decoder.latency import load_profile
 from decoder.models import ModelPair
 from models.budget_rule import cross_fitted_speedups, fit_budget_rule
 from pipeline.cli import run_stage
@@ -129,7 +134,7 @@ def validate(params: Params) -> None:
         raise ValueError(f"edges.datasets: no question file for {missing} under {params.data.out_dir}")
     for pair_id in edges.pairs:
         for path in (
-            resolve(params.profile.out_dir) / f"{pair_id}.json",
+            profile_path(params, pair_id),
             resolve(edges.fit_dir) / "scorers" / pair_id,
         ):
             if not path.exists():
@@ -145,7 +150,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
     scorer, _ = load_edge_scorer(
         resolve(edges.fit_dir) / "scorers" / pair_id, vocab_size=pair.vocab_size, k=drafter.k
     )
-    profile = load_profile(resolve(params.profile.out_dir) / f"{pair_id}.json")
+    profile = profile_for(params, pair_id)
     prompts = {}
     for dataset in ev.datasets:
         spec = ReportSpec(pair_id, dataset, ev.prompt_start, ev.prompt_start + cfg.prompts_per_cell)

@@ -11,7 +11,6 @@ is written, so a missing artifact leaves both files as they were.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from collectors.evaluation.results_text import (
     transfer_line,
 )
 from config.params import Params, load_params, resolve
-from decoder.files import replace_atomically
+from decoder.files import replace_atomically, sha256_of_file
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 RESULTS_PAGE = "docs/results.md"
@@ -59,7 +58,7 @@ def provenance(root: Path) -> Provenance:
 
     commit = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return Provenance(commit, dirty, hashlib.sha256(lock.read_bytes()).hexdigest())
+    return Provenance(commit, dirty, sha256_of_file(lock))
 
 
 def provenance_line(prov: Provenance) -> str:

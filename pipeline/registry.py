@@ -3,10 +3,11 @@
 Contract: :func:`register_bundles` (the ``deploy`` stage, inside its MLflow run) logs each pair's
 bundle folder as artifacts of that run and registers it as a new version of the registered model
 ``treegraft-<pair>``, tagged with the sha256 of the bundle's checksums.json (the digest a user pins
-with ``--expect-sha256``) and the git revision. :func:`promote_champions` (the ``evaluate`` stage,
-once every lossless gate held and the bundle was scored) moves the alias ``champion`` of each pair's
-model to the version whose digest is the bundle evaluate loaded. A bundle registered by no run (a
-deploy stage run before the registry existed, another store) is reported, not promoted.
+with ``--expect-sha256``) and the git revision. :func:`promote_champions` (the ``wall_check``
+stage, once ``evaluate`` priced the bundle and its policy decoded losslessly) moves the alias
+``champion`` of each pair's model to the version whose digest is the bundle those stages loaded. A
+bundle registered by no run (a deploy stage run before the registry existed, another store) is
+reported, not promoted.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ beside, and whether the interval lies within 0.90-1.10 (collectors/evaluation/wa
 beside evaluate's priced speedup of the same pair and method (its results.json); the decodes are
 collectors/evaluation/wall_decode.py's. Writes under
 wall_check.out_dir: wall.md, results.json, metrics.json, the profiles taken beside (profiles/) and
-Spec-Bench answer files (specbench/).
+Spec-Bench answer files (specbench/). Last, each pair's bundle becomes the ``champion`` of its
+registered model (pipeline/registry.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from decoder.latency import save_profile
 from decoder.measure import Repeats
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.cli import run_stage
+from pipeline.registry import promote_champions
 from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_files, log_metrics, stage_run, write_json
 
@@ -85,6 +87,10 @@ def main(params: Params) -> dict:
         (out / "wall.md").write_text(table + "\n")
         log_metrics(metrics)
         log_files([out / name for name in ("wall.md", "results.json")])
+        # every deployed policy decoded losslessly (check_pair fails the stage otherwise) and was
+        # priced by evaluate: each bundle's registered version becomes its pair's champion
+        champions = promote_champions({p: d.checksums_sha256 for p, d in deployments.items()})
+        log.info("champion versions: %s", champions)
     print(table)
     return metrics
 

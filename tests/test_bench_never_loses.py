@@ -37,6 +37,7 @@ def test_the_benchmark_reports_every_prompt_in_both_dtypes(tmp_path):
     for info in report["dtypes"]:
         assert [r["category"] for r in info["rows"]] == ["bench/coding", "bench/math"]
         assert info["min_ratio"] == min(r["ratio"] for r in info["rows"]) > 0
+        assert info["min_cpu_ratio"] == min(r["cpu_ratio"] for r in info["rows"]) > 0
         assert info["rss_peak_gib"] >= info["rss_loaded_gib"] > 0
         assert all(r["output"] in ("identical", "near-tie", "mismatch") for r in info["rows"])
         assert all(r["rounds_verified"] + r["rounds_as_ar"] >= 1 for r in info["rows"])

@@ -16,6 +16,7 @@ from decoder.block_proposers import CausalLMProposer
 from decoder.config import BlockBudgetRule
 from decoder.ddtree import build_ddtree
 from decoder.models import make_pair
+from decoder.verify import TargetVerifier
 from models.budget_rule import cross_fitted_speedups, fit_budget_rule
 from models.gain_fit import fit_logistic
 
@@ -127,6 +128,25 @@ def test_decoding_under_a_rule_is_lossless_and_its_walk_is_exact(pair, tdes: boo
         assert walker.ruled(rule) == run.rounds
         sizes |= {r.nodes for r in run.rounds}
     assert len(sizes) >= 3 and max(sizes) <= 16, sizes
+
+
+def test_a_round_left_with_the_root_alone_runs_as_the_autoregressive_step(pair, monkeypatch) -> None:
+    """Under a rule that finds every node too dear (B_t = 0 each round), no bare root goes to the
+    tree verify: each round is the target's one-token step, and the output is still greedy."""
+    bare = []
+    verify = TargetVerifier.verify
+
+    def spy(self, tree, temperature, rng):
+        bare.append(len(tree) == 1)
+        return verify(self, tree, temperature, rng)
+
+    monkeypatch.setattr(TargetVerifier, "verify", spy)
+    dear = rule_with([1.0 + 100.0 * b for b in range(9)])
+    prompt = prompts(pair.vocab_size, 1, seed=29)[0]
+    run = decode_arm(pair, CausalLMProposer(pair.mid, pair.vocab_size, K), None, prompt, 1, M, 12, dear)
+    assert run.tokens == reference(pair.target, prompt, 12)
+    assert {r.nodes for r in run.rounds} == {0} and len(run.rounds) == len(run.tokens) - 1
+    assert not any(bare)  # the step ran instead (the first verify call would be a bare root)
 
 
 def test_node_rows_label_each_start_by_its_accepted_path(pair) -> None:

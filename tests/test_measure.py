@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 from conftest import noisy_copy, tiny_model
 
 from decoder import measure
 from decoder.config import DecodeConfig
+from decoder.generate import generate
 from decoder.measure import (
     ONCE,
     Method,
@@ -128,3 +130,13 @@ def test_the_table_lines_up_and_carries_the_gain_column_only_when_asked() -> Non
     assert plain[2].split()[3] == "1.00x" and plain[3].split()[-1] == "NO"
     assert [ln.split()[-2] for ln in with_gain[2:]] == ["+0.0%", "+60.0%"]
     assert [ln.split()[:-2] for ln in with_gain[2:]] == [ln.split()[:-1] for ln in plain[2:]]
+
+
+def test_generate_reports_the_cpu_seconds_of_the_call() -> None:
+    """cpu_s is time.process_time over the call: positive, and at most the threads' share of wall
+    time allows (a value from another clock, or left at 0, fails)."""
+    target = tiny_model("qwen3", seed=3)
+    pair = make_pair(target, None, eos_token_ids=())
+    for policy in ("ar", "all-small"):
+        r = generate(pair, [5, 6, 7, 5, 6], policy, DecodeConfig(max_new_tokens=12))
+        assert 0 < r.cpu_s <= r.wall_s * max(1, torch.get_num_threads()) + 0.05, (policy, r.cpu_s, r.wall_s)

@@ -13,10 +13,11 @@ from test_priced_eval import _cell_of
 from test_scheduler_export import hand_student
 
 from collectors.evaluation.deployed import deployed_variants
-from collectors.evaluation.priced_eval import pair_check
+from collectors.evaluation.priced_eval import NEAR_TIE, fastest, pair_check
 from decoder.deployment import threshold_variants, variant_name
 from decoder.scheduler import ManifestError
 from models.offline import THRESHOLD_OFFSETS
+from pipeline.deploy import preference_order
 from pipeline.evaluate import threshold_transfer
 
 
@@ -61,6 +62,20 @@ def test_the_pair_check_deploys_the_fastest_threshold_only_where_it_beats_the_be
     assert pair_check([tie], ("student", "student:0.50"))["deploys"] == "student"
     with pytest.raises(ValueError, match="no learned policy"):
         pair_check([cell], ())
+
+
+def test_a_near_tie_keeps_the_exported_threshold_and_a_clear_win_does_not():
+    ends = {"all-small": [100.0], "all-mid": [100.0]}
+    near = _cell_of([200.0], student=[70.0], **{"student:1.00": [69.5]}, **ends)  # 0.7% faster
+    clear = _cell_of([200.0], student=[70.0], **{"student:1.00": [68.0]}, **ends)  # 2.9% faster
+    order = preference_order({variant_name(o): None for o in THRESHOLD_OFFSETS})
+    assert order[0] == "student" and order[1:3] == ("student:-0.50", "student:0.50")
+    assert pair_check([near], ("student", "student:1.00"))["deploys"] == "student:1.00"  # no tolerance
+    assert pair_check([near], ("student", "student:1.00"), NEAR_TIE)["deploys"] == "student"
+    assert pair_check([clear], ("student", "student:1.00"), NEAR_TIE)["deploys"] == "student:1.00"
+    assert fastest({"a": 1.0, "b": 1.0}, ["b", "a"], NEAR_TIE) == "b"
+    with pytest.raises(ValueError, match="tolerance"):
+        fastest({"a": 1.0}, ["a"], 1.0)
 
 
 def test_only_pairs_deploying_a_shifted_threshold_decode_it_as_deployed(tmp_path):

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 from conftest import noisy_copy, repeated_prompts, tiny_model
 
-from collectors.collect.policy_replay import replay_policy
+from collectors.collect.policy_replay import StepMemo, replay_policy
 from collectors.collect.replay import Replayer
 from decoder.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models import make_pair
 from decoder.policies import RuntimeContext, StepContext, schedule_bits
-from decoder.state import tree_signals
+from decoder.state import step_signals, tree_signals
 
 
 class TreeAware:
@@ -78,3 +78,44 @@ def test_shared_inputs_give_the_same_fixed_schedule_replay() -> None:
     )
     always = replay_policy(replayer, replayer.inputs(prompt), lambda ctx: True, None)
     assert [r.counts() for r in always.rounds] == [r.counts() for r in fresh.rounds[31]]
+
+
+class Thresholded:
+    """Invoke the mid drafter where the n-gram lookahead is short or the frontier unsure, at a given
+    threshold; logs every step's signals (lookahead included), so a replay that handed a policy
+    another tree or another n-gram view than its own would show it."""
+
+    def __init__(self, width: int, threshold: float) -> None:
+        self.width, self.threshold, self.log = width, threshold, []
+
+    def __call__(self, ctx: StepContext) -> bool:
+        sig = step_signals(ctx.state, self.width)
+        decide = sig[2] < (self.threshold if sig[-1] < 2 else self.threshold - 2.0)
+        self.log.append((ctx.step, ctx.history, sig, decide))
+        return decide
+
+
+def test_policies_sharing_a_step_memo_replay_as_they_would_alone() -> None:
+    target = tiny_model("qwen3", seed=77)
+    pair = make_pair(target, noisy_copy(target, 0.3, seed=78), eos_token_ids=(0,))
+    config = DecodeConfig(max_new_tokens=24)
+    width = config.tree.width
+    replayer = Replayer(pair, config, [schedule_bits(s, 5) for s in range(32)], round_table_stride=0)
+    thresholds = (-13.0, -6.0, -3.7, -2.0, 0.5)
+    hits, differ = 0, 0
+    for prompt in _prompts(3, seed=79):
+        inputs = replayer.inputs(prompt)
+        alone = {t: Thresholded(width, t) for t in thresholds}
+        shared = {t: Thresholded(width, t) for t in thresholds}
+        memo = StepMemo()
+        for t in thresholds:
+            solo = replay_policy(replayer, inputs, alone[t], None)
+            together = replay_policy(replayer, inputs, shared[t], None, memo)
+            assert shared[t].log == alone[t].log  # same trees, same lookahead, same decisions
+            assert together.bits == solo.bits and together.n_tokens == solo.n_tokens
+            assert together.rounds == solo.rounds  # every count, blocks and mid calls included
+        steps = sum(len(p.log) for p in shared.values())
+        hits += steps - len(memo)
+        differ += len({tuple(p.log) for p in shared.values()}) > 1
+    assert differ > 0, "the thresholds never decided differently: nothing would diverge from the memo"
+    assert hits > 0, "no policy ever reused a step: the memo was not exercised"

@@ -1,4 +1,4 @@
-"""The model registry: each deploy run registers its bundles; evaluate moves `champion` to the one
+"""The model registry: each deploy run registers its bundles; wall_check moves `champion` to the one
 it scored."""
 
 from __future__ import annotations

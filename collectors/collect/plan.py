@@ -144,8 +144,13 @@ def load_registered_pair(params: Params, name: str):
     return _LOADED[key]
 
 
+def profile_path(params: Params, pair: str) -> Path:
+    """The profile stage's file for ``pair`` (the one place its name is built)."""
+    return resolve(params.profile.out_dir) / f"{pair}.json"
+
+
 def profile_for(params: Params, pair: str) -> LatencyProfile:
-    path = resolve(params.profile.out_dir) / f"{pair}.json"
+    path = profile_path(params, pair)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no latency profile for pair {pair!r}; run the profile stage first")
     return load_profile(path)

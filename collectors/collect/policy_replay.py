@@ -12,6 +12,14 @@ round by round (tests/test_skip_rounds.py with the cross-round backoff).
 What is shared with the all-schedules replay: the continuation g and the target's rows (one
 ``ReplayInputs`` per prompt serves every policy), the mid drafter's KV of the committed text, and
 the walk's accounting (``Walk``).
+
+What policies share with each other (``StepMemo``, one per prompt): a branch after a step is a
+function of the round's start and the bits taken so far, not of the policy that took them (the
+tree, its mid rows and fed KV, the call sizes, the signals, the prompt-row blocks its small steps
+read; a scheduler's lookahead reads no rows). So policies replayed on one prompt that agree on a
+prefix of a round's bits (the student at nearby thresholds mostly do) draft it once: a later
+policy takes a copy of the branch the first one built. The trajectories are the ones each policy
+replays alone (tests/test_policy_replay.py).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from decoder.construct import RoundBuilder
 from decoder.mid import TreeScores
 from decoder.outcome import first_round_start
 from decoder.policies import (
+    Lookahead,
     RuntimeContext,
     Scheduler,
     StepContext,
@@ -33,6 +42,33 @@ from decoder.policies import (
     start_generation,
 )
 from decoder.state import step_signals
+
+StepKey = tuple[int, tuple[bool, ...]]  # (round start, the bits of steps 1..k)
+
+
+class StepMemo(dict[StepKey, Branch]):
+    """One prompt's branches after each step, by (round start, bits so far): shared by the policies
+    replayed on that prompt (module docstring). Holds private copies; hands out copies."""
+
+    def take(self, key: StepKey, ngram: Lookahead | None) -> Branch | None:
+        """A copy of the branch kept at ``key``, its lookahead the caller's own n-gram drafter (the
+        one that kept it has moved on to later rounds)."""
+        kept = self.get(key)
+        if kept is None:
+            return None
+        b = _copy(kept)
+        b.state.ngram = ngram
+        return b
+
+    def keep(self, key: StepKey, b: Branch) -> None:
+        self[key] = _copy(b)
+
+
+def _copy(b: Branch) -> Branch:
+    """A branch whose tree, node sets and mid bookkeeping are its own (row stores and KV tensors are
+    shared: they are replaced, never written in place); ``pending`` is kept as it was."""
+    mid = BranchMid(b.mid.scores.copy(), b.mid.kv, b.mid.pending)
+    return Branch(b.bits, b.state.copy(), mid, b.calls, b.signals, b.blocks)
 
 
 @dataclass(frozen=True)
@@ -43,9 +79,15 @@ class PolicyTrajectory:
 
 
 def replay_policy(
-    replayer: Replayer, inputs: ReplayInputs, policy: Scheduler, runtime: RuntimeContext | None
+    replayer: Replayer,
+    inputs: ReplayInputs,
+    policy: Scheduler,
+    runtime: RuntimeContext | None,
+    memo: StepMemo | None = None,
 ) -> PolicyTrajectory:
-    """One scheduler's trajectory over one prompt, round by round, as ``generate`` would decode it."""
+    """One scheduler's trajectory over one prompt, round by round, as ``generate`` would decode it.
+    ``memo``: the prompt's StepMemo, shared by every policy replayed on ``inputs`` (never across
+    prompts or pairs)."""
     cfg, pair = replayer.config.tree, replayer.pair
     text, depth = inputs.text, cfg.depth
     start_generation(policy)  # as generate does: per-prompt scheduler state starts afresh
@@ -67,6 +109,11 @@ def replay_policy(
             signals = (*b.signals, step_signals(b.state, cfg.width))
             use_mid = bool(policy(StepContext(k, depth, b.bits, b.state, runtime, lag)))
             decisions += decision_taken(policy)
+            key = (start, (*b.bits, use_mid))
+            kept = None if memo is None else memo.take(key, b.state.ngram)
+            if kept is not None:
+                b = kept
+                continue
             if use_mid:
                 if inputs.mid_kv is None:
                     raise ValueError("the policy calls the mid drafter but the pair has none")
@@ -78,6 +125,8 @@ def replay_policy(
             else:
                 builder.small_step(b.state, committed, k)
                 b = Branch((*b.bits, False), b.state, b.mid, b.calls, signals, b.blocks | log.take())
+            if memo is not None:
+                memo.keep(key, b)
         nxt = walk.advance(replayer.finish(b, text, start), start, left, b.bits, decisions)
         bits.append(b.bits)
         if nxt is None:

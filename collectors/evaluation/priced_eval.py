@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy import stats
 
-from collectors.collect.policy_replay import replay_policy
+from collectors.collect.policy_replay import StepMemo, replay_policy
 from collectors.collect.records import RoundRecord, bits_text
 from collectors.collect.replay import Replayer
+from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
 from decoder.config import DecodeConfig
 from decoder.latency import LatencyProfile, price_ar, price_round
 from decoder.models import ModelPair
@@ -85,24 +85,7 @@ def bootstrap_speedup(
     depend only on ``seed``, ``n_boot`` and the prompt count, so every method of one cell gets the
     same resamples. With one prompt there is nothing to resample: the interval is the point.
     """
-    point = float(ar_ms.sum() / ms.sum())
-    if len(ms) < 2:
-        return point, point, point
-    res = stats.bootstrap(
-        (ar_ms, ms),
-        _ratio_of_sums,
-        n_resamples=n_boot,
-        vectorized=True,
-        paired=True,
-        confidence_level=0.95,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
-def _ratio_of_sums(ar_ms: np.ndarray, ms: np.ndarray, axis: int = -1) -> np.ndarray:
-    return ar_ms.sum(axis=axis) / ms.sum(axis=axis)
+    return paired_interval((ar_ms, ms), ratio_of_sums, n_boot, seed)
 
 
 @dataclass
@@ -223,10 +206,11 @@ def priced_cell(
     for prompt, rt in zip(prompts, runtimes, strict=True):
         inputs = replayer.inputs(prompt)
         rep = replayer.replay_prompt(prompt, inputs)
+        steps = StepMemo()  # this prompt's drafting steps, shared by its policies
         for s in range(len(schedules)):
             per_schedule[s].append((rep.rounds[s], rep.n_tokens[s], [schedules[s]] * len(rep.rounds[s])))
         for name, policy in policies.items():
-            traj = replay_policy(replayer, inputs, policy, rt)
+            traj = replay_policy(replayer, inputs, policy, rt, steps)
             per_policy[name].append((traj.rounds, traj.n_tokens, traj.bits))
         emitted = {rep.n_tokens[s] for s in range(len(schedules))} | {v[-1][1] for v in per_policy.values()}
         if emitted != {inputs.round_tokens}:
@@ -262,19 +246,30 @@ def pooled_speedups(cells: Sequence[PricedCell], methods: Sequence[str]) -> dict
     return {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in methods}
 
 
-def fastest(speedup: Mapping[str, float], methods: Sequence[str]) -> str:
-    """The method of ``methods`` with the highest ``speedup``; the first listed among equals."""
+NEAR_TIE = 0.01  # the pair check's tolerance: a less preferred variant must be >1% faster to win
+
+
+def fastest(speedup: Mapping[str, float], methods: Sequence[str], tolerance: float = 0.0) -> str:
+    """The first listed of ``methods`` whose ``speedup`` is within ``tolerance`` (relative) of the
+    highest: with 0, the fastest (the first listed among equals); with NEAR_TIE, a method listed
+    later must be more than 1% faster than an earlier one to be chosen over it."""
     if not methods:
         raise ValueError("fastest: no methods")
-    return max(methods, key=lambda m: (speedup[m], -methods.index(m)))
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"fastest: tolerance {tolerance} is outside [0, 1)")
+    best = max(speedup[m] for m in methods)
+    return next(m for m in methods if speedup[m] >= best * (1.0 - tolerance))
 
 
-def pair_check(cells: Sequence[PricedCell], learned: Sequence[str] = ("student",)) -> dict:
-    """Which method a pair deploys: the fastest of the ``learned`` policies (the first listed among
-    equals) where, over the pair's calibration cells pooled (sum of AR ms over sum of the method's
-    ms, every prompt of every cell), it prices strictly faster than the better of All-Small and
-    All-Mid; that endpoint otherwise (when unsure, skip: a tie goes to the fixed schedule, which pays
-    for no decisions).
+def pair_check(
+    cells: Sequence[PricedCell], learned: Sequence[str] = ("student",), tolerance: float = 0.0
+) -> dict:
+    """Which method a pair deploys: the fastest of the ``learned`` policies where, over the pair's
+    calibration cells pooled (sum of AR ms over sum of the method's ms, every prompt of every cell),
+    it prices strictly faster than the better of All-Small and All-Mid; that endpoint otherwise
+    (when unsure, skip: a tie goes to the fixed schedule, which pays for no decisions). ``learned``
+    is in order of preference: ``fastest`` with ``tolerance`` keeps an earlier policy unless a
+    later one is faster by more than the tolerance.
 
     Returns {"deploys": method, "prompts": n, "speedup": {method: pooled speedup}}."""
     if not cells:
@@ -283,6 +278,6 @@ def pair_check(cells: Sequence[PricedCell], learned: Sequence[str] = ("student",
         raise ValueError("pair_check: no learned policy to check")
     speedup = pooled_speedups(cells, (*ENDPOINTS, *learned))
     better = max(ENDPOINTS, key=lambda m: (speedup[m], m == ENDPOINTS[0]))
-    best = fastest(speedup, learned)
+    best = fastest(speedup, learned, tolerance)
     deploys = best if speedup[best] > speedup[better] else better
     return {"deploys": deploys, "prompts": sum(len(c.tokens) for c in cells), "speedup": speedup}

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 from tabulate import tabulate
 
+from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
 from decoder.policies import AR
 
 AGREEMENT = (0.90, 1.10)  # the band priced / measured should fall in
@@ -46,30 +46,10 @@ def verdict(low: float, high: float) -> str:
     return "unresolved"
 
 
-def _ratio_of_sums(ar: np.ndarray, m: np.ndarray, axis: int = -1) -> np.ndarray:
-    """sum(ar) / sum(m) along ``axis`` (a speedup over prompts)."""
-    return ar.sum(axis=axis) / m.sum(axis=axis)
-
-
 def _priced_over_measured(
     ar_p: np.ndarray, m_p: np.ndarray, ar_d: np.ndarray, m_d: np.ndarray, axis: int = -1
 ) -> np.ndarray:
-    return _ratio_of_sums(ar_p, m_p, axis) / _ratio_of_sums(ar_d, m_d, axis)
-
-
-def _interval(
-    samples: tuple[np.ndarray, ...], statistic, n_boot: int, seed: int
-) -> tuple[float, float, float]:
-    """(point, low, high): ``statistic`` of the prompts and its 95% percentile bootstrap, prompts
-    resampled together across ``samples`` (scipy.stats.bootstrap, paired); with one prompt there is
-    nothing to resample and the interval is the point. Same seed, same resamples for every method."""
-    point = float(statistic(*samples))
-    if len(samples[0]) < 2 or n_boot < 1:
-        return point, point, point
-    rng = np.random.default_rng(seed)
-    res = stats.bootstrap(samples, statistic, n_resamples=n_boot, vectorized=True, paired=True,
-                          confidence_level=0.95, method="percentile", rng=rng)  # fmt: skip
-    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return ratio_of_sums(ar_p, m_p, axis) / ratio_of_sums(ar_d, m_d, axis)
 
 
 def agreement_rows(pair_id: str, times: Mapping[str, PromptTimes], n_boot: int, seed: int = 0) -> list[dict]:
@@ -81,14 +61,14 @@ def agreement_rows(pair_id: str, times: Mapping[str, PromptTimes], n_boot: int, 
         if name == AR:
             continue
         row = {"pair_id": pair_id, "method": name, "n_prompts": len(ar.decode_s)}
-        measured = _interval((ar.decode_s, m.decode_s), _ratio_of_sums, n_boot, seed)
+        measured = paired_interval((ar.decode_s, m.decode_s), ratio_of_sums, n_boot, seed)
         row["measured_speedup"], row["measured_ci_low"], row["measured_ci_high"] = measured
         for key in PROFILES:
             if key not in m.priced_ms:
                 continue
-            priced = float(_ratio_of_sums(ar.priced_ms[key], m.priced_ms[key]))
+            priced = float(ratio_of_sums(ar.priced_ms[key], m.priced_ms[key]))
             samples = (ar.priced_ms[key], m.priced_ms[key], ar.decode_s, m.decode_s)
-            ratio, low, high = _interval(samples, _priced_over_measured, n_boot, seed)
+            ratio, low, high = paired_interval(samples, _priced_over_measured, n_boot, seed)
             row |= {f"{key}_priced_speedup": priced, f"{key}_ratio": ratio, f"{key}_ci_low": low,
                     f"{key}_ci_high": high, f"{key}_verdict": verdict(low, high)}  # fmt: skip
         rows.append(row)
