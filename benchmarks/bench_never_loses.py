@@ -19,9 +19,9 @@ registered pair, --latency-profile for one by path).
 Per dtype the pair is loaded afresh and every prompt is decoded by AR, then by the policy, --repeats
 times interleaved, each keeping its median-time run (one shared warm-up first, wall clock only).
 Per prompt: the wall-time ratio AR / policy, the CPU-time ratio of the same runs (every thread of
-the process: on a shared machine another tenant's load stretches wall time run to run by 10-20%
-but CPU time by well under 1%, so it tells the policy's own cost apart from the machine's noise),
-A (accepted drafted tokens per round), the rounds
+the process: work the policy does in other threads shows there; on a contended machine it moves
+with wall time, spinning threads burning CPU while they wait), A (accepted drafted tokens per
+round), the rounds
 verified / run as AR / switch-offs, the priced ratio when a profile is at hand, and whether the
 output is identical to AR's, a classified near-tie (bf16) or a real mismatch
 (decoder.check_lossless, fp32 judge). Per dtype, for wall and CPU time: pooled ratio (tokens/s),

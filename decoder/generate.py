@@ -194,8 +194,8 @@ def generate(
 
 def _with_cpu(result: GenerationResult, cpu0: float) -> GenerationResult:
     """``result`` with the CPU seconds since ``cpu0`` (time.process_time: every thread of this
-    process). On a shared machine another tenant's load stretches wall time but hardly this, so a
-    benchmark can tell a method's own cost from the machine's noise."""
+    process, spin-waits included). A benchmark reports it beside wall time: work done in other
+    threads shows in it, and so does contention, whose spinning threads burn CPU while they wait."""
     return dataclasses.replace(result, cpu_s=time.process_time() - cpu0)
 
 
