@@ -56,9 +56,9 @@ from decoder.latency import LatencyProfile, load_profile
 from decoder.measure import Method, Repeats, run_side_by_side
 from decoder.memory import keep_freed_memory
 from decoder.models import load_pair
-from decoder.policies import AR, parse_policy
+from decoder.policies import AR
 from decoder.round_prices import ProfilePricer
-from decoder.switch_off import SwitchOff
+from decoder.switch_off import priced_switch_off
 
 log = logging.getLogger("bench_never_loses")
 MAX_PROMPT_TOKENS = 256
@@ -144,9 +144,8 @@ def method_of(source: Source, switch_off: bool) -> Method:
         raise SystemExit(
             f"error: --switch-off needs a latency profile for {source.name!r} (--latency-profile)"
         )
-    inner = parse_policy(source.policy, source.tree.depth)
-    pricer = ProfilePricer.for_policy(source.profile, inner)
-    return Method(POLICY, SwitchOff(inner, pricer), source.tree)
+    policy = priced_switch_off(source.policy, source.profile, source.tree.depth)
+    return Method(POLICY, policy, source.tree)
 
 
 def classify(pair, prompts, ar: list[GenerationResult], res: list[GenerationResult]) -> list[str]:

@@ -42,6 +42,7 @@ from decoder.round_prices import ProfilePricer
 
 if TYPE_CHECKING:
     from decoder.deployment import Deployment
+    from decoder.latency import LatencyProfile
 
 
 class RoundPricer(Protocol):
@@ -197,11 +198,19 @@ class SwitchOff:
         )
 
 
-def for_deployment(deployment: Deployment, rule: SwitchOffRule | None = None) -> str | SwitchOff:
-    """A deployment bundle's policy (decoder.deployment.load_deployment) wrapped in SwitchOff, every
-    round priced with the bundle's latency profile; AR, which has nothing to switch off, stays AR.
-    A fresh wrapper per call (it resets at every generate)."""
-    if deployment.policy == AR:
+def priced_switch_off(
+    policy: str | Scheduler, profile: LatencyProfile, depth: int, rule: SwitchOffRule | None = None
+) -> str | SwitchOff:
+    """``policy`` (parse_policy's forms, at ``depth`` steps) wrapped in SwitchOff, every round priced
+    with ``profile``; AR, which has nothing to switch off, stays AR. A fresh wrapper per call (it
+    resets at every generate)."""
+    if policy == AR:
         return AR
-    inner = parse_policy(deployment.policy, deployment.config.tree.depth)
-    return SwitchOff(inner, ProfilePricer.for_policy(deployment.profile, inner), rule)
+    inner = parse_policy(policy, depth)
+    return SwitchOff(inner, ProfilePricer.for_policy(profile, inner), rule)
+
+
+def for_deployment(deployment: Deployment, rule: SwitchOffRule | None = None) -> str | SwitchOff:
+    """A deployment bundle's policy (decoder.deployment.load_deployment) in :func:`priced_switch_off`,
+    priced with the bundle's latency profile."""
+    return priced_switch_off(deployment.policy, deployment.profile, deployment.config.tree.depth, rule)
