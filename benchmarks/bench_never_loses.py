@@ -26,6 +26,11 @@ verified / run as AR / switch-offs, the priced ratio when a profile is at hand, 
 output is identical to AR's, a classified near-tie (bf16) or a real mismatch
 (decoder.check_lossless, fp32 judge). Per dtype, for wall and CPU time: pooled ratio (tokens/s),
 minimum, prompts under 0.97x; and the process's RSS after loading and at its peak. Writes <out>.json, .md.
+With --repeats 2 or more, each prompt also gets a paired figure: the i-th AR and policy runs ran back
+to back, so their ratio cancels slow drift; the geometric mean of these per-run ratios and its 95%
+bootstrap interval over runs. A prompt is shown under the floor only when the whole interval is under
+0.97x, and shown at or above it when the whole interval is at or above; otherwise this machine's noise
+leaves it undecided at that many repeats.
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import torch
 
 from collectors.collect.plan import pair_tree, profile_for, profile_path, tree_config
 from collectors.data.prompts import PromptFileError, Question, encode_prompts, load_benchmarks, load_questions
+from collectors.evaluation.bootstrap import paired_interval
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, load_params, resolve
 from decoder.check_lossless import check_outputs, fp32_judge
@@ -63,6 +70,7 @@ from decoder.switch_off import priced_switch_off
 log = logging.getLogger("bench_never_loses")
 MAX_PROMPT_TOKENS = 256
 FLOOR = 0.97  # issue 51: every prompt at least this fraction of AR's speed
+N_BOOT = 2000  # resamples of a prompt's runs for its paired interval
 POLICY = "policy"
 
 
@@ -160,6 +168,21 @@ def classify(pair, prompts, ar: list[GenerationResult], res: list[GenerationResu
     ]
 
 
+def geometric_mean_ratio(ar_s: np.ndarray, s: np.ndarray, axis: int = -1) -> np.ndarray:
+    """exp(mean(log(ar_s / s))) along ``axis``: the typical per-run speedup of paired runs."""
+    return np.exp(np.log(ar_s / s).mean(axis=axis))
+
+
+def paired_runs(ar_runs: list[GenerationResult], runs: list[GenerationResult]) -> dict:
+    """A prompt's paired per-run ratio (AR run i / policy run i, run back to back): geometric
+    mean, its 95% bootstrap interval over runs, and where that interval lies against the floor."""
+    ar_s = np.array([r.wall_s for r in ar_runs])
+    s = np.array([r.wall_s for r in runs])
+    point, low, high = paired_interval((ar_s, s), geometric_mean_ratio, N_BOOT, seed=0)
+    verdict = "under" if high < FLOOR else ("at or above" if low >= FLOOR else "undecided")
+    return {"paired_ratio": point, "paired_low": low, "paired_high": high, "paired_floor": verdict}
+
+
 def prompt_row(q: Question, ar: GenerationResult, res: GenerationResult, verdict: str, pricer) -> dict:
     modes = res.modes
     row = {
@@ -187,15 +210,27 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
     method = method_of(source, args.switch_off)
     config = DecodeConfig(max_new_tokens=args.max_new_tokens)
     repeats = Repeats(min_ar_s=1e9, most=args.repeats)  # every prompt args.repeats times
+    every_run: dict[str, list[list[GenerationResult]]] = {}
     results = run_side_by_side(
-        pair, prompts, [method], config, None, warmup_tokens=4, timing=False, repeats=repeats
+        pair,
+        prompts,
+        [method],
+        config,
+        None,
+        warmup_tokens=4,
+        timing=False,
+        repeats=repeats,
+        every_run=every_run,
     )
     ar, res = results[AR], results.get(POLICY, results[AR])
+    ar_runs, runs = every_run[AR], every_run.get(POLICY, every_run[AR])
     verdicts = classify(pair, prompts, ar, res)
     pricer = None
     if source.profile is not None:
         pricer = ProfilePricer.for_policy(source.profile, getattr(method.policy, "inner", method.policy))
     rows = [prompt_row(q, a, r, v, pricer) for q, a, r, v in zip(questions, ar, res, verdicts, strict=True)]
+    for row, a, r in zip(rows, ar_runs, runs, strict=True):
+        row.update(paired_runs(a, r))
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
     tps = sum(len(r.new_tokens) for r in res) / sum(r.wall_s for r in res)
     ratios = [row["ratio"] for row in rows]
@@ -209,6 +244,9 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
         "pooled_cpu_ratio": sum(r.cpu_s for r in ar) / sum(r.cpu_s for r in res),
         "min_cpu_ratio": min(cpu),
         "below_floor_cpu": sum(r < FLOOR for r in cpu),
+        "paired_floor": {
+            v: sum(row["paired_floor"] == v for row in rows) for v in ("under", "undecided", "at or above")
+        },
         "rss_loaded_gib": loaded,
         "rss_peak_gib": rss_gib()[1],
     }
@@ -233,15 +271,19 @@ def markdown(head: dict, infos: list[dict]) -> str:
             f"{info['pooled_cpu_ratio']:.2f}x, minimum {info['min_cpu_ratio']:.3f}x, "
             f"{info['below_floor_cpu']} prompt(s) under {FLOOR}x; "
             f"RSS {info['rss_loaded_gib']:.2f} GiB loaded, "
-            f"{info['rss_peak_gib']:.2f} GiB peak (process so far).",
+            f"{info['rss_peak_gib']:.2f} GiB peak (process so far). Paired runs against the {FLOOR}x "
+            "floor (95% interval): " + ", ".join(f"{n} {v}" for v, n in info["paired_floor"].items()) + ".",
             "",
-            "| prompt | ratio (wall) | ratio (CPU) | priced | A | verified / as AR / switch-offs | output |",
-            "|---|---|---|---|---|---|---|",
+            "| prompt | ratio (wall) | paired (95%) | ratio (CPU) | priced | A "
+            "| verified / as AR / switch-offs | output |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in info["rows"]:
             priced = f"{r['priced_ratio']:.2f}x" if "priced_ratio" in r else "-"
             lines.append(
-                f"| {r['category']} {r['question_id']} | {r['ratio']:.2f}x | {r['cpu_ratio']:.3f}x "
+                f"| {r['category']} {r['question_id']} | {r['ratio']:.2f}x "
+                f"| {r['paired_ratio']:.2f}x [{r['paired_low']:.2f}, {r['paired_high']:.2f}] "
+                f"| {r['cpu_ratio']:.3f}x "
                 f"| {priced} | {r['accepted']:.2f} "
                 f"| {r['rounds_verified']} / {r['rounds_as_ar']} / {r['switch_offs']} | {r['output']} |"
             )

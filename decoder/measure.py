@@ -116,6 +116,7 @@ def run_side_by_side(
     warmup_tokens: int = 16,
     timing: bool = True,
     repeats: Repeats = ONCE,
+    every_run: dict[str, list[list[GenerationResult]]] | None = None,
 ) -> dict[str, list[GenerationResult]]:
     """Same warm-up for every method, then every prompt with every method (AR first, always).
 
@@ -123,6 +124,8 @@ def run_side_by_side(
     timing=False: no per-component times (no per-step accelerator syncs), wall times only.
     repeats: each prompt's methods run again, in the same order, as often as :class:`Repeats`
     counts from AR's first run of it; each keeps its run of median wall time.
+    every_run: when given, filled per method with every run of every prompt, in run order (the
+    i-th runs of AR and of a method ran back to back), for paired per-run statistics.
     """
     runtimes = list(runtime) if isinstance(runtime, Sequence) else [runtime] * len(prompts)
     if len(runtimes) != len(prompts):
@@ -148,6 +151,8 @@ def run_side_by_side(
             one_pass(prompt, rt, runs)
         for name, mine in runs.items():
             results[name].append(median_run(mine))
+            if every_run is not None:
+                every_run.setdefault(name, []).append(mine)
     return results
 
 

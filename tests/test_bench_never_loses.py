@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from conftest import noisy_copy, tiny_model, train_tokenizer
 
@@ -41,5 +42,25 @@ def test_the_benchmark_reports_every_prompt_in_both_dtypes(tmp_path):
         assert info["rss_peak_gib"] >= info["rss_loaded_gib"] > 0
         assert all(r["output"] in ("identical", "near-tie", "mismatch") for r in info["rows"])
         assert all(r["rounds_verified"] + r["rounds_as_ar"] >= 1 for r in info["rows"])
+        # --repeats 3 by default: every prompt has a paired interval around its point
+        assert all(r["paired_low"] <= r["paired_ratio"] <= r["paired_high"] for r in info["rows"])
+        assert sum(info["paired_floor"].values()) == len(info["rows"])
     assert all(r["output"] == "identical" for r in report["dtypes"][0]["rows"])  # fp32 is exact
     assert "| bench/coding 0 |" in out.with_suffix(".md").read_text()
+
+
+def runs(*walls: float) -> list:
+    return [SimpleNamespace(wall_s=w) for w in walls]
+
+
+def test_paired_runs_place_a_prompt_against_the_floor_only_when_its_interval_does():
+    ar = runs(1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 0.95, 1.05)
+    slower = bench_never_loses.paired_runs(ar, runs(*(1.25 * r.wall_s for r in ar)))
+    assert slower["paired_floor"] == "under"
+    assert abs(slower["paired_ratio"] - 0.8) < 1e-9 and slower["paired_high"] < 0.97
+    level = bench_never_loses.paired_runs(ar, runs(*(r.wall_s for r in ar)))
+    assert level["paired_floor"] == "at or above" and level["paired_low"] == level["paired_high"] == 1.0
+    # the same medians, but pairs that disagree run to run: the interval spans the floor
+    noisy = bench_never_loses.paired_runs(runs(1, 1, 1, 1, 1, 1), runs(0.8, 1.2, 0.85, 1.15, 0.9, 1.1))
+    assert noisy["paired_floor"] == "undecided"
+    assert noisy["paired_low"] < 0.97 <= noisy["paired_high"]

@@ -83,7 +83,10 @@ def recording(monkeypatch, slow_ar_run: int | None = None) -> list[tuple[str, Ge
 def test_each_prompt_runs_interleaved_and_keeps_the_median_run(pair, monkeypatch) -> None:
     calls = recording(monkeypatch)
     config = DecodeConfig(max_new_tokens=12)
-    results = run_side_by_side(pair, PROMPTS, METHODS, config, warmup_tokens=4, repeats=Repeats(1e6, 3))
+    every: dict[str, list[list[GenerationResult]]] = {}
+    results = run_side_by_side(
+        pair, PROMPTS, METHODS, config, warmup_tokens=4, repeats=Repeats(1e6, 3), every_run=every
+    )
     names = [AR, "all-small", "all-mid"]
     # warm-up once per method, then per prompt three rounds of AR, all-small, all-mid in turn
     assert [p for p, _ in calls] == names + names * 3 * len(PROMPTS)
@@ -94,6 +97,7 @@ def test_each_prompt_runs_interleaved_and_keeps_the_median_run(pair, monkeypatch
             runs = [r for _, r in rounds[k::3]]
             assert len({tuple(r.new_tokens) for r in runs}) == 1  # greedy: every run the same text
             assert results[name][i] is sorted(runs, key=lambda r: r.wall_s)[1]
+            assert every[name][i] == runs  # every run kept, in run order
 
 
 def test_a_slow_moment_moves_a_single_run_but_not_the_median(pair, monkeypatch) -> None:
