@@ -91,6 +91,7 @@ bench-real-pair: repro
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.profile --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.budget --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.collect --profile real-pair
+	HF_HUB_OFFLINE=1 $(PY) -m pipeline.evaluate_fixed --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.evaluate --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) -m pipeline.wall_check --profile real-pair
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_real_pair.py

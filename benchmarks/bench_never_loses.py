@@ -65,7 +65,7 @@ from decoder.memory import keep_freed_memory
 from decoder.models import load_pair
 from decoder.policies import AR
 from decoder.round_prices import ProfilePricer
-from decoder.switch_off import priced_switch_off
+from decoder.switch_off import SwitchOff, priced_switch_off
 
 log = logging.getLogger("bench_never_loses")
 MAX_PROMPT_TOKENS = 256
@@ -225,9 +225,11 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
     ar, res = results[AR], results.get(POLICY, results[AR])
     ar_runs, runs = every_run[AR], every_run.get(POLICY, every_run[AR])
     verdicts = classify(pair, prompts, ar, res)
-    pricer = None
-    if source.profile is not None:
-        pricer = ProfilePricer.for_policy(source.profile, getattr(method.policy, "inner", method.policy))
+    pricer = None  # the switch-off's own prices, or the profile's for the bare policy
+    if isinstance(method.policy, SwitchOff):
+        pricer = method.policy.pricer
+    elif source.profile is not None:
+        pricer = ProfilePricer.for_policy(source.profile, method.policy)
     rows = [prompt_row(q, a, r, v, pricer) for q, a, r, v in zip(questions, ar, res, verdicts, strict=True)]
     for row, a, r in zip(rows, ar_runs, runs, strict=True):
         row.update(paired_runs(a, r))

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file, save
+from safetensors.numpy import load, save
 
-from decoder.files import replace_atomically, sha256_of_file
+from decoder.files import replace_atomically
 
 SCHEMA_VERSION = "treegraft-mlp/2"  # /2: manifest_sha256 over the manifest and weights together
 KINDS = ("student", "value")
@@ -356,9 +356,9 @@ def write_artifact(path: Path | str, manifest: dict, arrays: dict[str, np.ndarra
     return meta
 
 
-def _parse(meta: Path) -> Any:
+def _parse(data: bytes, meta: Path) -> Any:
     try:
-        return json.loads(meta.read_text(encoding="utf-8"))
+        return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise ManifestError(f"{meta}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
@@ -372,8 +372,16 @@ def read_artifact(path: Path | str, kind: str) -> Artifact:
     meta, weights = artifact_paths(path)
     if not meta.is_file() or not weights.is_file():
         raise ManifestError(f"{meta.with_suffix('')}: need both {meta.name} and {weights.name}")
+    return artifact_from_bytes(meta.read_bytes(), weights.read_bytes(), kind, meta)
+
+
+def artifact_from_bytes(meta_bytes: bytes, weights_bytes: bytes, kind: str, meta: Path) -> Artifact:
+    """Validate an artifact of the given kind from its two files' bytes (module contract), each read
+    once by the caller, so the weights hashed are the weights loaded. ``meta`` names the manifest
+    file (and, by its stem, the weights file) in errors."""
+    weights = artifact_paths(meta)[1]
     where = str(meta)
-    raw = _parse(meta)
+    raw = _parse(meta_bytes, meta)
     manifest = validate_manifest(raw, where)
     if manifest["kind"] != kind:
         raise ManifestError(f"{where}: field 'kind': {manifest['kind']!r}, expected {kind!r}")
@@ -382,10 +390,10 @@ def read_artifact(path: Path | str, kind: str) -> Artifact:
             f"{where}: field {CHECKSUM_FIELD!r} does not match the manifest's other fields "
             "(the manifest was edited after it was written)"
         )
-    if raw["weights_sha256"] != sha256_of_file(weights):
+    if raw["weights_sha256"] != hashlib.sha256(weights_bytes).hexdigest():
         raise ManifestError(f"{where}: field 'weights_sha256' does not match {weights}")
     try:
-        arrays = load_file(str(weights))
+        arrays = load(weights_bytes)
     except Exception as err:  # safetensors' own error type varies by version
         raise ManifestError(f"{weights}: unreadable safetensors file ({err})") from None
     check_arrays(manifest, arrays, str(weights))

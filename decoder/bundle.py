@@ -10,15 +10,18 @@ a :class:`DeploymentError` naming the choices) and checks, before anything is pa
 and checksums files are JSON of the right shape, checksums.json's digest equals the index's entry
 and ``expect_sha256``, every listed file exists and hashes to its entry (a truncated or edited file
 is named), every required file is listed and no unlisted file lies beside them. Each failure is one
-DeploymentError naming the file. NumPy-free, torch-free.
+DeploymentError naming the file. Each file is read once: the folder it returns carries the bytes it
+hashed, and callers parse those, so a file swapped after the check is never what gets loaded.
+NumPy-free, torch-free.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from decoder.files import replace_atomically, sha256_of_file
@@ -70,8 +73,13 @@ def read_json(path: Path) -> object:
     """A JSON file's value, or a DeploymentError naming the file."""
     if not path.is_file():
         raise DeploymentError(f"{path}: missing file")
+    return parse_json(path.read_bytes(), path)
+
+
+def parse_json(data: bytes, path: Path) -> object:
+    """The JSON value of a file's bytes, or a DeploymentError naming the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DeploymentError(f"{path}: not a JSON file ({err})") from err
 
@@ -81,6 +89,8 @@ class PairFolder:
     pair_id: str | None  # None: a pair folder given directly (its deployment.json names the pair)
     folder: Path
     checksums_sha256: str | None  # what the index pins, None without an index
+    # verified_folder: every listed file's bytes, the ones it hashed, for the caller to parse
+    files: Mapping[str, bytes] = field(default_factory=dict)
 
 
 def _index_entries(path: Path) -> dict[str, dict]:
@@ -133,23 +143,26 @@ def verified_folder(
     folder, sums_path = found.folder, found.folder / CHECKSUMS_FILE
     if not sums_path.is_file():
         raise DeploymentError(f"{sums_path}: missing file")
-    digest = sha256_of_file(sums_path)
+    raw = sums_path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
     for what, want in (("index.json's entry", found.checksums_sha256), ("--expect-sha256", expect_sha256)):
         if want is not None and digest != want:
             raise DeploymentError(f"{sums_path}: sha256 {digest} differs from {what} {want}")
-    sums = read_json(sums_path)
+    sums = parse_json(raw, sums_path)
     if not isinstance(sums, dict) or not all(is_hex_digest(v) for v in sums.values()):
         raise DeploymentError(f"{sums_path}: expected a mapping of file name -> 64 hex digits")
     unlisted = sorted(set(required) - set(sums))
     if unlisted:
         raise DeploymentError(f"{sums_path}: does not list required file(s) {unlisted}")
+    files = {}
     for name, want in sorted(sums.items()):
         file = folder / name
         if not is_pair_name(name) or not file.is_file():
             raise DeploymentError(f"{file}: missing file (listed in {CHECKSUMS_FILE})")
-        if sha256_of_file(file) != want:
+        files[name] = file.read_bytes()  # read once: the bytes hashed are the bytes parsed
+        if hashlib.sha256(files[name]).hexdigest() != want:
             raise DeploymentError(f"{file}: sha256 differs from {CHECKSUMS_FILE} (truncated or edited)")
     extra = sorted(p.name for p in folder.iterdir() if p.name != CHECKSUMS_FILE and p.name not in sums)
     if extra:
         raise DeploymentError(f"{folder / extra[0]}: not covered by {CHECKSUMS_FILE}")
-    return PairFolder(found.pair_id, folder, digest)
+    return PairFolder(found.pair_id, folder, digest, files)

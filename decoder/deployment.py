@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from decoder.artifact import ManifestError, read_artifact
+from decoder.artifact import Artifact, ManifestError, artifact_from_bytes, read_artifact
 from decoder.bundle import (
     DeploymentError,
+    PairFolder,
     is_hex_digest,
     is_pair_name,
-    read_json,
+    parse_json,
     seal_folder,
     verified_folder,
 )
@@ -45,7 +46,7 @@ from decoder.config import DecodeConfig, TreeConfig
 from decoder.latency import LatencyProfile, profile_from_bytes
 from decoder.policies import AR, RuntimeContext, parse_policy, uses_mid
 from decoder.runtime_costs import RuntimeCosts
-from decoder.scheduler import LearnedScheduler, check_features, load_scheduler
+from decoder.scheduler import LearnedScheduler, check_features, scheduler_from
 
 __all__ = [
     "Deployment",
@@ -73,8 +74,12 @@ def variant_name(offset: float) -> str:
 def scheduler_at(path: Path, depth: int, width: int, offset: float) -> LearnedScheduler:
     """The exported student at ``path`` (validated as load_scheduler does) with its threshold moved
     by ``offset``; its gate and backoff margins are relative to the threshold, so they move with it."""
-    load_scheduler(path, depth, width)
-    art = read_artifact(path, "student")
+    return _shifted(read_artifact(path, "student"), path, depth, width, offset)
+
+
+def _shifted(art: Artifact, where: Path, depth: int, width: int, offset: float) -> LearnedScheduler:
+    """The student ``art`` (checked as load_scheduler checks one) with its threshold moved by ``offset``."""
+    scheduler_from(art, where, depth, width)
     signals = check_features(art.manifest, depth, width)
     shifted = {**art.manifest, "threshold": float(art.manifest["threshold"]) + offset}
     return LearnedScheduler(dataclasses.replace(art, manifest=shifted), signals)
@@ -277,19 +282,20 @@ def tree_record(tree: TreeConfig) -> dict[str, Any]:
     return {**d, "grafting": str(tree.grafting), "verify_ms": list(tree.verify_ms)}
 
 
-def _policy(folder: Path, parsed: Mapping[str, Any]) -> str | LearnedScheduler:
-    tree, decision = parsed["tree"], parsed["decision"]
+def _policy(found: PairFolder, parsed: Mapping[str, Any]) -> str | LearnedScheduler:
+    """The deployed policy, its student read from the bytes verified_folder hashed."""
+    tree, decision, folder = parsed["tree"], parsed["decision"], found.folder
     path = folder / STUDENT_FILES[0]
     try:
-        manifest = read_artifact(path, "student").manifest
-        if manifest["manifest_sha256"] != parsed["student_manifest_sha256"]:
+        art = artifact_from_bytes(*(found.files[name] for name in STUDENT_FILES), "student", path)
+        if art.manifest["manifest_sha256"] != parsed["student_manifest_sha256"]:
             raise DeploymentError(
                 f"{path}: manifest_sha256 differs from {DEPLOYMENT_FILE}'s student_manifest_sha256"
             )
         if decision["deploys"] in FALLBACKS:
-            load_scheduler(path, tree.depth, tree.width)  # the student is checked even when unused
+            scheduler_from(art, path, tree.depth, tree.width)  # the student is checked even when unused
             return decision["deploys"]
-        policy = scheduler_at(path, tree.depth, tree.width, float(decision["threshold_offset"]))
+        policy = _shifted(art, path, tree.depth, tree.width, float(decision["threshold_offset"]))
     except ManifestError as err:
         raise DeploymentError(f"{path}: {err}") from err
     if not math.isclose(policy.threshold, float(decision["threshold"]), rel_tol=0, abs_tol=1e-12):
@@ -313,7 +319,7 @@ def load_deployment(
     pins the sha256 of the pair's checksums.json."""
     found = verified_folder(path, pair, REQUIRED_FILES, expect_sha256)
     where = found.folder / DEPLOYMENT_FILE
-    as_written = read_json(where)
+    as_written = parse_json(found.files[DEPLOYMENT_FILE], where)  # the bytes hashed, parsed
     parsed = parse_record(copy.deepcopy(as_written), where)
     if found.pair_id is not None and parsed["pair_id"] != found.pair_id:
         raise DeploymentError(
@@ -328,9 +334,9 @@ def load_deployment(
         None if m["mid"] is None else _model_path(found.folder, m["mid"]),
         m["dtype"], m["device"], m["linear"], m["template"],
     )  # fmt: skip
-    policy = _policy(found.folder, parsed)
+    policy = _policy(found, parsed)
     profile_path = found.folder / PROFILE_FILE
-    raw = profile_path.read_bytes()  # read once: the bytes hashed are the bytes parsed
+    raw = found.files[PROFILE_FILE]
     if hashlib.sha256(raw).hexdigest() != parsed["profile"]["sha256"]:
         raise DeploymentError(f"{profile_path}: not the latency profile deployment.json records "
                               f"(sha256 {parsed['profile']['sha256']})")  # fmt: skip

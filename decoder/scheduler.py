@@ -236,30 +236,37 @@ class ValuePlanner:
 
 
 def _checked(
-    path: Path | str, kind: str, depth: int | None, width: int | None
+    art: Artifact, where: Path | str, kind: str, depth: int | None, width: int | None
 ) -> tuple[Artifact, tuple[str, ...]]:
-    art = read_artifact(path, kind)
     signals = check_features(art.manifest, depth, width)
     want_inputs = [
         *art.manifest["feature_names"],
         *(suffix_feature_names(int(art.manifest["depth"])) if kind == "value" else ()),
     ]
     if list(art.manifest["input_names"]) != want_inputs:
-        raise ManifestError(f"{path}: input_names {art.manifest['input_names']} differ from {want_inputs}")
+        raise ManifestError(f"{where}: input_names {art.manifest['input_names']} differ from {want_inputs}")
     return art, signals
 
 
 def load_scheduler(path: Path | str, depth: int | None = None, width: int | None = None) -> LearnedScheduler:
     """Load and validate an exported student (pass the decoder's D and W to check them too)."""
-    art, signals = _checked(path, "student", depth, width)
+    return scheduler_from(read_artifact(path, "student"), path, depth, width)
+
+
+def scheduler_from(
+    art: Artifact, where: Path | str, depth: int | None = None, width: int | None = None
+) -> LearnedScheduler:
+    """A student from an artifact already read and validated as one (``where`` names it in errors),
+    checked as :func:`load_scheduler` checks a file."""
+    art, signals = _checked(art, where, "student", depth, width)
     if list(art.manifest["heads"]) != ["margin"]:
-        raise ManifestError(f"{path}: a student has one head 'margin', got {list(art.manifest['heads'])}")
+        raise ManifestError(f"{where}: a student has one head 'margin', got {list(art.manifest['heads'])}")
     return LearnedScheduler(art, signals)
 
 
 def load_value_planner(path: Path | str, depth: int | None = None, width: int | None = None) -> ValuePlanner:
     """Load and validate an exported value system as a planning policy."""
-    art, signals = _checked(path, "value", depth, width)
+    art, signals = _checked(read_artifact(path, "value"), path, "value", depth, width)
     if list(art.manifest["heads"]) != list(HEADS):
         raise ManifestError(
             f"{path}: a value system has heads {list(HEADS)}, got {list(art.manifest['heads'])}"

@@ -5,7 +5,8 @@ THRESHOLD_OFFSETS against All-Small and All-Mid, replayed and priced on the pair
 prompts (the collect.prompts_per_report questions right after the collect slice, of every fitting
 dataset: no training state came from them, and they end before evaluate's held-back prompts), the
 fastest threshold where it beats the better endpoint, that endpoint otherwise
-(collectors.evaluation.priced_eval.pair_check). Thresholds are tried in order of preference, the
+(collectors.evaluation.priced_eval.pair_check). The endpoints and the prompts' continuations come
+priced from the evaluate_fixed stage (calibration.json); only the students are replayed here. Thresholds are tried in order of preference, the
 exported one first, then by distance from it; a later one must price more than NEAR_TIE (1%) faster
 to be chosen, so a near-tie on the calibration prompts keeps the threshold the student was fit at.
 Writes ``<deploy.out_dir>/<pair>/`` per pair (the student, deployment.json with the decision, the
@@ -24,7 +25,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from collectors.collect.plan import digest_folder, pair_tree, profile_for, profile_path, tree_config
-from collectors.evaluation.priced_eval import ENDPOINTS, FIXED, NEAR_TIE, pair_check
+from collectors.evaluation.deployed import check_registered
+from collectors.evaluation.fixed_cells import calibration_path, read_fixed
+from collectors.evaluation.priced_eval import NEAR_TIE, pair_check
 from collectors.evaluation.priced_tasks import calibration_range, decode_config, priced_cells
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, resolve
@@ -52,16 +55,17 @@ log = logging.getLogger(__name__)
 
 def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dict[str, dict]:
     """Per evaluated pair, what it deploys (module docstring): {"deploys", "prompts", "speedup"}.
-    Only the two endpoints' schedules are replayed (no best fixed schedule in hindsight)."""
+    The endpoints come priced from the evaluate_fixed stage (no best fixed schedule in hindsight);
+    the students are replayed here from its continuations."""
     cfg = params.evaluate
     datasets = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
     cells = [(p, d) for p in cfg.pairs for d in datasets]
     prompts = calibration_range(
         params.collect.prompt_start, params.collect.prompts_per_report, cfg.prompt_start
     )
-    endpoints = {m: FIXED[m] for m in ENDPOINTS}
+    parts, _ = read_fixed(calibration_path(resolve(cfg.out_dir)), cells)  # the endpoints, priced
     with tqdm(total=len(cells) * prompts[1], desc="deploy (pair check)", unit="prompt") as bar:
-        priced = priced_cells(params, cells, students, endpoints, bar.update, prompts, hindsight=False)
+        priced = priced_cells(params, cells, students, {}, bar.update, prompts, False, parts)
     out = {}
     for pair_id in cfg.pairs:
         cells_of_pair = [priced[(pair_id, d)] for d in datasets]
@@ -148,11 +152,7 @@ def main(params: Params) -> dict[str, str]:
     """Check every evaluated pair, write its bundle and the index; returns {pair: checksums sha256}."""
     apply_runtime(params)
     cfg = params.evaluate
-    unknown = [p for p in cfg.pairs if p not in params.pairs]
-    if unknown:
-        raise ValueError(
-            f"evaluate.pairs: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}"
-        )
+    check_registered(params, cfg.pairs, "evaluate.pairs")
     folders = [p for p in cfg.pairs if not is_pair_name(p)]
     if folders:
         raise ValueError(f"evaluate.pairs: pair ids {folders} cannot name a bundle folder")

@@ -24,13 +24,7 @@ import logging
 
 from tqdm import tqdm
 
-from collectors.evaluation.deployed import (
-    deployed_checks,
-    deployed_variants,
-    exported_students,
-    learned_policies,
-)
-from collectors.evaluation.priced_tasks import decode_config
+from collectors.evaluation.deployed import check_registered, deployed_variants, load_evaluated
 from collectors.evaluation.wall_agreement import agreement_summary, agreement_table, mark_rows
 from collectors.evaluation.wall_decode import check_pair, wall_methods
 from config.params import Params, resolve
@@ -48,21 +42,16 @@ log = logging.getLogger(__name__)
 def main(params: Params) -> dict:
     apply_runtime(params)
     cfg, pairs = params.wall_check, params.evaluate.pairs
-    unknown = [p for p in pairs if p not in params.pairs]
-    if unknown:
-        raise ValueError(
-            f"evaluate.pairs: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}"
-        )
+    check_registered(params, pairs, "evaluate.pairs")
     repeats = Repeats(cfg.min_ar_s, cfg.max_repeats)
     out = resolve(cfg.out_dir)
     evaluated = resolve(params.evaluate.out_dir) / "results.json"
     if not evaluated.is_file():
         raise FileNotFoundError(f"{evaluated}: missing; run the evaluate stage first")
     with stage_run("wall_check", params):
-        students = exported_students(params, THRESHOLD_OFFSETS)
-        policies = learned_policies(params, students)
+        loaded = load_evaluated(params, pairs, THRESHOLD_OFFSETS)
+        policies, deployments = loaded.learned, loaded.deployments
         wall_methods(cfg.methods, policies, params.tree.depth)  # a bad name fails here, before any decode
-        deployments = deployed_checks(params, {p: decode_config(params, p).tree for p in pairs}, students)
         shifted = deployed_variants(deployments)
         rows, drift, lossless = [], {}, {}
         for pair_id in tqdm(pairs, desc="wall_check", unit="pair"):

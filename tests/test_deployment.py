@@ -255,6 +255,29 @@ def test_each_tampered_bundle_is_one_error_naming_the_file(bundle, case):
     assert isinstance(err.value, ValueError) and "\n" not in str(err.value)
 
 
+def test_files_swapped_after_their_check_are_not_what_loads(bundle, monkeypatch):
+    """Every bundle file is read once: the bytes hashed are the bytes parsed. A deployment.json,
+    profile and student swapped on disk right after the check (a race, or a hostile writer) change
+    nothing that load_deployment returns."""
+    want = decoder.load_deployment(bundle)
+    real = decoder.deployment.verified_folder
+    folder = bundle / "tiny"
+
+    def then_swapped(*args, **kwargs):
+        found = real(*args, **kwargs)
+        _edit_json(folder / DEPLOYMENT_FILE, lambda d: d["decode"].update(max_new_tokens=7))
+        _edit_json(folder / "profile.json", lambda d: d.update(ar_token_ms=123.0))
+        (folder / "scheduler.json").write_text("not json")
+        (folder / "scheduler.safetensors").write_bytes(b"")
+        return found
+
+    monkeypatch.setattr(decoder.deployment, "verified_folder", then_swapped)
+    got = decoder.load_deployment(bundle)
+    assert got.config == want.config and got.config.max_new_tokens == 24
+    assert got.profile == want.profile and got.profile.ar_token_ms != 123.0
+    assert got.policy.threshold == want.policy.threshold and got.record == want.record
+
+
 def test_a_wrong_entry_in_a_pair_folder_without_index_names_the_file(bundle):
     _edit_json(bundle / "tiny" / CHECKSUMS_FILE, lambda d: d.update({"scheduler.json": HEX}))
     with pytest.raises(decoder.DeploymentError, match=r"tiny/scheduler.json: sha256 differs"):
@@ -296,14 +319,20 @@ def test_the_stored_decision_is_what_pair_checks_computes(tmp_path, student, mon
         "q": {n: [90.0, 90.0] for n in students},
     }
 
-    def priced(params, cells, policies, fixed, progress, prompts, hindsight):
-        assert prompts == (6, 6) and set(fixed) == {"all-small", "all-mid"} and not hindsight
+    def stored(path, cells):  # evaluate_fixed's calibration cells: the endpoints, priced
+        assert path.name == "calibration.json" and cells == [(p, d) for p in "pq" for d in "ab"]
+        return {c: f"part of {c}" for c in cells}, []
+
+    def priced(params, cells, policies, fixed, progress, prompts, hindsight, parts):
+        assert prompts == (6, 6) and fixed == {} and not hindsight
+        assert parts == {c: f"part of {c}" for c in cells}  # the students merged into the stored parts
         return {(p, d): _cell_of([200.0, 200.0], **by_pair[p], **ends) for p, d in cells}
 
+    monkeypatch.setattr(deploy, "read_fixed", stored)
     monkeypatch.setattr(deploy, "priced_cells", priced)
     params = SimpleNamespace(
         evaluate=SimpleNamespace(pairs=["p", "q"], datasets=["a", "b", "c"], held_out_datasets=["c"],
-                                 prompt_start=40),
+                                 prompt_start=40, out_dir="artifacts/evaluate"),
         collect=SimpleNamespace(prompt_start=0, prompts_per_report=6),
     )  # fmt: skip
     checks = deploy.pair_checks(params, students)

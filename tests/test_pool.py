@@ -23,6 +23,7 @@ from collectors.collect.pool import Task, TaskError, run_tasks
 from collectors.collect.replay import Replayer
 from collectors.evaluation import priced_eval
 from collectors.evaluation.eval_report import priced_rows
+from collectors.evaluation.fixed_cells import FIXED_METHODS
 from collectors.evaluation.priced_eval import PricedCell, TargetMemo, priced_cell
 from collectors.evaluation.priced_tasks import (
     cell_inputs,
@@ -33,7 +34,6 @@ from collectors.evaluation.priced_tasks import (
 )
 from config.params import ROOT, Params, load_params
 from decoder.policies import FixedSchedule
-from pipeline.evaluate import FIXED_METHODS
 
 CELLS = [("tiny", "code"), ("tiny", "chat"), ("tiny-w", "code"), ("tiny-w", "chat")]
 POLICIES = {"odd-steps": FixedSchedule((True, False, True, False, True))}
@@ -41,7 +41,12 @@ POLICIES = {"odd-steps": FixedSchedule((True, False, True, False, True))}
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    root = build_workspace(tmp_path_factory.mktemp("pool"))
+    return pool_workspace(tmp_path_factory.mktemp("pool"))
+
+
+def pool_workspace(folder: Path) -> Path:
+    """build_workspace's tiny pair, and a second pair on its target (tiny-w)."""
+    root = build_workspace(folder)
     # a second pair on the same target with its own mid drafter (as zoo-lw beside zoo-l)
     save_pair(root / "pair-w", AutoTokenizer.from_pretrained(root / "pair/target"), seed=71)
     shutil.rmtree(root / "pair-w/target")

@@ -4,16 +4,18 @@ Contract: every policy is loaded and validated by the decoder (decoder.deploymen
 from the export and deploy stages' folders named in params; a bundle written from other inputs than
 the ones the stage decodes with (tree, runtime costs, student) is stale and fails with a ValueError
 naming the field. Shared by ``evaluate`` (priced rows, the ``deployed`` row) and ``wall_check`` (the
-same policies decoded for real).
+same policies decoded for real), which both start with :func:`load_evaluated`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from collectors.collect.plan import profile_for, tree_config
 from collectors.evaluation.eval_report import DEPLOYED
 from collectors.evaluation.priced_eval import ENDPOINTS
+from collectors.evaluation.priced_tasks import decode_config
 from config.params import Params, resolve
 from decoder.config import TreeConfig
 from decoder.deployment import Deployment, load_deployment, threshold_variants, variant_name
@@ -83,3 +85,27 @@ def deployed_variants(deployments: Mapping[str, Deployment]) -> dict:
         for pair_id, d in deployments.items()
         if d.is_learned and d.decision["deploys"] != variant_name(0.0)
     }
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """What an evaluation stage decodes, every part loaded and checked by the decoder."""
+
+    students: dict[str, LearnedScheduler]  # the exported student at every threshold offset
+    learned: dict[str, object]  # "value-planner" and "student" (:func:`learned_policies`)
+    deployments: dict[str, Deployment]  # every pair's checked bundle (:func:`deployed_checks`)
+
+
+def check_registered(params: Params, pairs: Sequence[str], field: str) -> None:
+    """A ValueError naming ``field`` when any of ``pairs`` is not in the pair registry."""
+    unknown = [p for p in pairs if p not in params.pairs]
+    if unknown:
+        raise ValueError(f"{field}: unknown pair(s) {unknown}; the registry has {sorted(params.pairs)}")
+
+
+def load_evaluated(params: Params, pairs: Sequence[str], offsets: Sequence[float]) -> Evaluated:
+    """The exported students at ``offsets``, the learned policies and the bundles of ``pairs`` (each
+    checked against the tree the stage decodes the pair with), as evaluate and wall_check load them."""
+    students = exported_students(params, offsets)
+    trees = {p: decode_config(params, p).tree for p in pairs}
+    return Evaluated(students, learned_policies(params, students), deployed_checks(params, trees, students))

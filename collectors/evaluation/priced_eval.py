@@ -22,6 +22,8 @@ in hindsight is the argmax of priced tokens/s over the 2^D schedules on these ve
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -53,6 +55,7 @@ class PricedMethod:
 
 
 Replayed = tuple[list[RoundRecord], int, list[tuple[bool, ...]]]  # rounds, tokens, bits per round
+Continuation = tuple[tuple[int, ...], int]  # the target's greedy continuation g and its stop
 
 
 def _priced(
@@ -137,6 +140,14 @@ class MemoReplayer(Replayer):
         g, limit = self.memo.continuations[key]
         return list(g), limit
 
+    def seed(self, prompts: Sequence[list[int]], continuations: Sequence[Continuation]) -> None:
+        """Hand the memo the prompts' g and stop computed earlier (a stored fixed part), so they are
+        not decoded again; a continuation the memo already holds must be the same."""
+        for prompt, (g, limit) in zip(prompts, continuations, strict=True):
+            key, value = (tuple(prompt), self._facts), (list(g), int(limit))
+            if self.memo.continuations.setdefault(key, value) != value:
+                raise ValueError("a stored continuation differs from the one the memo holds")
+
     def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
         key = (tuple(prompt), tuple(text), self._facts)
         if key not in self.memo.rows:
@@ -150,9 +161,34 @@ class PricedCell:
     tokens: np.ndarray
     methods: dict[str, PricedMethod]
     best_fixed: str  # bit string of the best fixed schedule in hindsight ("" when not replayed)
+    continuations: tuple[Continuation, ...] = ()  # per prompt, the target's g and its stop
+    prompts_sha256: str = ""  # of the prompts' token ids (:func:`prompts_digest`)
 
     def speedups(self, n_boot: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
         return {n: bootstrap_speedup(self.ar_ms, m.ms, n_boot, seed) for n, m in self.methods.items()}
+
+
+def prompts_digest(prompts: Sequence[Sequence[int]]) -> str:
+    """sha256 of a cell's prompts (their token ids, in order)."""
+    return hashlib.sha256(json.dumps([list(p) for p in prompts]).encode()).hexdigest()
+
+
+def merge_parts(fixed: PricedCell, learned: PricedCell) -> PricedCell:
+    """One cell from its two parts on the same prompts: ``fixed`` (the fixed schedules, priced
+    without policies) and ``learned`` (the policies, replayed from ``fixed``'s continuations);
+    equal to pricing both in one pass (tests/test_fixed_cells.py)."""
+    same = (
+        fixed.prompts_sha256 == learned.prompts_sha256
+        and fixed.continuations == learned.continuations
+        and np.array_equal(fixed.ar_ms, learned.ar_ms)
+        and np.array_equal(fixed.tokens, learned.tokens)
+    )
+    if not same:
+        raise ValueError("the fixed and learned parts of a cell come from different prompts or targets")
+    clash = sorted(set(fixed.methods) & set(learned.methods))
+    if clash:
+        raise ValueError(f"methods {clash} are in both parts of a cell")
+    return replace(fixed, methods={**fixed.methods, **learned.methods})
 
 
 def _fixed_schedules(fixed: dict[str, str], depth: int) -> dict[str, FixedSchedule]:
@@ -178,6 +214,7 @@ def priced_cell(
     progress: Callable[[], None] | None = None,
     memo: TargetMemo | None = None,
     hindsight: bool = True,
+    continuations: Sequence[Continuation] | None = None,
 ) -> PricedCell:
     """Replay the fixed schedules and every policy on every prompt; price them with the profile.
 
@@ -187,7 +224,11 @@ def priced_cell(
     with the other cells of this target (default: this cell's own). ``hindsight``: replay all 2^D
     schedules and add the best one on these prompts as "best-fixed"; without it only the schedules
     of ``fixed`` are replayed (each schedule's rounds are the same either way: a walk depends on its
-    own bits only) and ``best_fixed`` is "".
+    own bits only) and ``best_fixed`` is "". With neither (``fixed`` empty and no hindsight) no
+    fixed schedule is replayed: the policies' part of a cell (:func:`merge_parts`).
+
+    ``continuations``: the prompts' g and stop from an earlier pricing of these prompts with this
+    target (a stored fixed part's), taken instead of decoding them again.
     """
     depth = config.tree.depth
     named = _fixed_schedules(fixed, depth)
@@ -196,6 +237,8 @@ def priced_cell(
     else:
         schedules = list(dict.fromkeys(p.bits for p in named.values()))
     replayer = MemoReplayer(pair, config, schedules, TargetMemo() if memo is None else memo, profile=profile)
+    if continuations is not None:
+        replayer.seed(prompts, continuations)
     per_schedule: list[list[Replayed]] = [[] for _ in schedules]
     per_policy: dict[str, list[Replayed]] = {n: [] for n in policies}
     ar_ms, tokens = [], []
@@ -203,16 +246,21 @@ def priced_cell(
     if len(runtimes) != len(prompts):
         raise ValueError(f"{len(runtimes)} runtime contexts for {len(prompts)} prompts")
     replayer.warm(prompts)
+    gs = []
     for prompt, rt in zip(prompts, runtimes, strict=True):
         inputs = replayer.inputs(prompt)
-        rep = replayer.replay_prompt(prompt, inputs)
+        gs.append((tuple(inputs.text[len(prompt) :]), inputs.limit))
         steps = StepMemo()  # this prompt's drafting steps, shared by its policies
-        for s in range(len(schedules)):
-            per_schedule[s].append((rep.rounds[s], rep.n_tokens[s], [schedules[s]] * len(rep.rounds[s])))
+        if schedules:
+            rep = replayer.replay_prompt(prompt, inputs)
+            for s in range(len(schedules)):
+                per_schedule[s].append((rep.rounds[s], rep.n_tokens[s], [schedules[s]] * len(rep.rounds[s])))
         for name, policy in policies.items():
             traj = replay_policy(replayer, inputs, policy, rt, steps)
             per_policy[name].append((traj.rounds, traj.n_tokens, traj.bits))
-        emitted = {rep.n_tokens[s] for s in range(len(schedules))} | {v[-1][1] for v in per_policy.values()}
+        emitted = {per_schedule[s][-1][1] for s in range(len(schedules))} | {
+            v[-1][1] for v in per_policy.values()
+        }
         if emitted != {inputs.round_tokens}:
             raise RuntimeError(
                 f"replays emitted {sorted(emitted)} tokens, expected {inputs.round_tokens} for every method"
@@ -233,7 +281,8 @@ def priced_cell(
         methods["best-fixed"] = replace(all_fixed[best], name="best-fixed")
         best_fixed = all_fixed[best].schedule
     methods |= {n: _priced(n, "", per_policy[n], profile, True) for n in policies}
-    return PricedCell(np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float), methods, best_fixed)
+    ar, n_tokens = np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float)
+    return PricedCell(ar, n_tokens, methods, best_fixed, tuple(gs), prompts_digest(prompts))
 
 
 ENDPOINTS = ("all-small", "all-mid")

@@ -16,7 +16,7 @@ from collectors.collect.plan import load_registered_pair, pair_tree, profile_for
 from collectors.collect.pool import Task, pool_device, run_tasks
 from collectors.collect.records import runtime_for
 from collectors.collect.report import ReportSpec
-from collectors.evaluation.priced_eval import PricedCell, TargetMemo, priced_cell
+from collectors.evaluation.priced_eval import PricedCell, TargetMemo, merge_parts, priced_cell, prompts_digest
 from config.params import Params
 from decoder.config import DecodeConfig
 
@@ -70,9 +70,12 @@ def priced_group(
     fixed: Mapping[str, str],
     prompts_range: PromptRange = None,
     hindsight: bool = True,
+    fixed_parts: Mapping[Cell, PricedCell] | None = None,
 ) -> list[PricedCell]:
     """The priced cells of pairs sharing one target on one dataset, with one TargetMemo
-    (``hindsight``: as in collectors.evaluation.priced_eval.priced_cell)."""
+    (``hindsight``: as in collectors.evaluation.priced_eval.priced_cell). With ``fixed_parts`` (each
+    cell's fixed schedules priced earlier, as the evaluate_fixed stage stores them), only the
+    policies are replayed, from the stored continuations, and each cell is merged with its part."""
     start, n = (None, params.evaluate.prompts_per_cell) if prompts_range is None else prompts_range
     memo, out = TargetMemo(), []
     for pair_id, dataset in cells:
@@ -80,7 +83,17 @@ def priced_group(
         _, prompts, profile, runtime = cell_inputs(params, pair_id, dataset, pair, n, start)
         config = decode_config(params, pair_id)
         args = (pair, prompts, config, profile, runtime, dict(policies), dict(fixed))
-        out.append(priced_cell(*args, memo=memo, hindsight=hindsight))
+        if fixed_parts is None:
+            out.append(priced_cell(*args, memo=memo, hindsight=hindsight))
+            continue
+        part = fixed_parts[pair_id, dataset]
+        if part.prompts_sha256 != prompts_digest(prompts):
+            raise ValueError(
+                f"{pair_id}/{dataset}: the stored fixed part was priced on other prompts; "
+                "rerun the evaluate_fixed stage"
+            )
+        learned = priced_cell(*args, memo=memo, hindsight=False, continuations=part.continuations)
+        out.append(merge_parts(part, learned))
     return out
 
 
@@ -128,15 +141,23 @@ def priced_cells(
     progress: Callable[[int], object] | None = None,
     prompts_range: PromptRange = None,
     hindsight: bool = True,
+    fixed_parts: Mapping[Cell, PricedCell] | None = None,
 ) -> dict[Cell, PricedCell]:
     """Every cell's PricedCell, computed in ``evaluate.workers`` processes (the costliest groups
     first), in the order of ``cells``; ``progress(n_prompts)`` as each group finishes.
     ``prompts_range``: (first question, count) of every cell, by default the held-back prompts;
-    ``hindsight``: replay all 2^D schedules for the best fixed one (else only ``fixed``'s)."""
+    ``hindsight``: replay all 2^D schedules for the best fixed one (else only ``fixed``'s);
+    ``fixed_parts``: each cell's stored fixed part, to which only the policies are added
+    (:func:`priced_group`)."""
     groups = target_groups(params, cells)
     groups = [groups[i] for i in longest_first(params, groups)]
-    args = (policies, fixed, prompts_range, hindsight)
-    tasks = [Task("+".join(f"{p}/{d}" for p, d in g), (params, g, *args)) for g in groups]
+
+    def task(group: list[Cell]) -> Task:
+        parts = None if fixed_parts is None else {c: fixed_parts[c] for c in group}
+        args = (params, group, policies, fixed, prompts_range, hindsight, parts)
+        return Task("+".join(f"{p}/{d}" for p, d in group), args)
+
+    tasks = [task(g) for g in groups]
 
     def done(task: Task, result: list[PricedCell]) -> None:
         if progress is not None:

@@ -1,0 +1,84 @@
+"""evaluate_fixed + evaluate equal the one-pass priced replay: the fixed schedules priced upstream
+(collectors/evaluation/fixed_cells.py), stored as JSON float for float, and merged with the
+policies replayed from the stored continuations give every cell field by field; the policy pass
+decodes no continuation; a part priced on other prompts, a missing cell or another schema is one
+error naming the file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_pool import CELLS, POLICIES, _same, eval_params, pool_workspace
+
+from collectors.collect.replay import Replayer
+from collectors.evaluation import priced_tasks
+from collectors.evaluation.eval_report import priced_rows
+from collectors.evaluation.fixed_cells import FIXED_METHODS, read_fixed, write_fixed
+from collectors.evaluation.priced_eval import merge_parts
+from collectors.evaluation.priced_tasks import priced_cells
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return pool_workspace(tmp_path_factory.mktemp("fixed"))
+
+
+def test_stored_fixed_parts_merged_with_the_policies_equal_the_one_pass_replay(
+    workspace,
+    tmp_path,
+    monkeypatch,
+) -> None:
+    params = eval_params(workspace, 1)
+    one_pass = priced_cells(params, CELLS, POLICIES, FIXED_METHODS)
+    fixed = priced_cells(params, CELLS, {}, FIXED_METHODS)
+    ablations = [{"method": "full", "speedup": 1.2345678901234567}]
+    path = write_fixed(tmp_path / "fixed" / "fixed.json", fixed, ablations)
+    stored, rows = read_fixed(path, CELLS)
+    assert rows == ablations
+    for cell in CELLS:  # JSON round trip: every double and continuation as written
+        _same(stored[cell], fixed[cell])
+        assert (stored[cell].continuations, stored[cell].prompts_sha256) == (
+            fixed[cell].continuations, fixed[cell].prompts_sha256,
+        )  # fmt: skip
+    decoded: list[tuple] = []
+    real = Replayer.continuation
+    monkeypatch.setattr(Replayer, "continuation", lambda self, p: decoded.append(p) or real(self, p))
+    merged = priced_cells(params, CELLS, POLICIES, {}, hindsight=False, fixed_parts=stored)
+    assert decoded == []  # every g came from the stored part
+    for cell in CELLS:
+        _same(merged[cell], one_pass[cell])
+        assert merged[cell].continuations == one_pass[cell].continuations
+        assert priced_rows(merged[cell], 200) == priced_rows(one_pass[cell], 200)
+    assert list(merged[CELLS[0]].methods) == list(one_pass[CELLS[0]].methods)  # row order too
+
+
+def test_a_part_from_other_prompts_or_a_clashing_method_is_refused(workspace, tmp_path) -> None:
+    params = eval_params(workspace, 1)
+    cells = CELLS[:1]
+    fixed = priced_cells(params, cells, {}, FIXED_METHODS)
+    stale = {cells[0]: replace(fixed[cells[0]], prompts_sha256="0" * 64)}
+    with pytest.raises(ValueError, match=r"tiny/code: the stored fixed part was priced on other prompts"):
+        priced_tasks.priced_group(params, cells, POLICIES, {}, None, False, stale)
+    with pytest.raises(
+        ValueError, match=r"methods \['10101', 'all-mid', 'all-small', 'best-fixed'\] are in both parts"
+    ):
+        merge_parts(fixed[cells[0]], fixed[cells[0]])
+    with pytest.raises(ValueError, match="different prompts"):
+        merge_parts(fixed[cells[0]], replace(fixed[cells[0]], continuations=()))
+
+
+def test_a_missing_cell_or_another_schema_is_one_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "fixed.json"
+    with pytest.raises(FileNotFoundError, match="run the evaluate_fixed stage first"):
+        read_fixed(path, CELLS)
+    write_fixed(path, {}, [])
+    with pytest.raises(ValueError, match=r"fixed\.json: no fixed part for cell\(s\) \['tiny/code'"):
+        read_fixed(path, CELLS)
+    path.write_text(json.dumps({"schema_version": "other/9", "cells": [], "ablations": []}))
+    with pytest.raises(
+        ValueError, match=r"fixed\.json: not an evaluate_fixed file \(schema_version 'other/9'"
+    ):
+        read_fixed(path, CELLS)
