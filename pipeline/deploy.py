@@ -6,9 +6,10 @@ prompts (the collect.prompts_per_report questions right after the collect slice,
 dataset: no training state came from them, and they end before evaluate's held-back prompts), the
 fastest threshold where it beats the better endpoint, that endpoint otherwise
 (collectors.evaluation.priced_eval.pair_check). The endpoints and the prompts' continuations come
-priced from the evaluate_fixed stage (calibration.json); only the students are replayed here. Thresholds are tried in order of preference, the
-exported one first, then by distance from it; a later one must price more than NEAR_TIE (1%) faster
-to be chosen, so a near-tie on the calibration prompts keeps the threshold the student was fit at.
+priced from the evaluate_fixed stage (calibration.json); only the students are replayed here.
+Thresholds are tried in order of preference, the exported one first, then by distance from it; a
+later one must price more than NEAR_TIE (1%) faster to be chosen, so a near-tie on the calibration
+prompts keeps the threshold the student was fit at.
 Writes ``<deploy.out_dir>/<pair>/`` per pair (the student, deployment.json with the decision, the
 pair's tree from the budget stage, the runtime costs from its profile, the models, provenance;
 checksums.json: decoder/deployment.py) and ``<deploy.out_dir>/index.json`` with each pair's
