@@ -321,6 +321,7 @@ class FitValueParams:
     out_dir: str
     hidden: tuple[int, ...] = rule(ge=1)
     train: TrainConfig
+    workers: int = rule(ge=1)  # processes for the six fits (1: in this process); same models
 
 
 @dataclass(frozen=True)
@@ -341,6 +342,7 @@ class DistillParams:
     threshold_rule: str = rule(choices=THRESHOLD_RULES)
     # auto | canonical | rounds | both (auto: the best out of fold is exported)
     train_set: str = rule(choices=TRAIN_SETS)
+    workers: int = rule(ge=1)  # processes for the student fits (1: in this process); same students
 
 
 @dataclass(frozen=True)

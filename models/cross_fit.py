@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from collectors.collect.pool import Task, WorkerPool
 from config.params import TrainConfig
 from models.student import Student, objective
 from models.training import Curve, Standardizer, fit_weighted, predict
@@ -101,50 +102,77 @@ class CrossFit:
 Chooser = Callable[[np.ndarray, np.ndarray, Mapping[int, FittedStudent]], float]
 
 
-def _fit_without(inputs: FoldInputs, folds: np.ndarray, held: np.ndarray, spec: StudentSpec) -> FittedStudent:
-    """A student on the training rows whose fold is not in ``held`` (fold ids)."""
+# fit_student's arguments: (z, margin, the rows to train on, spec)
+FitJob = tuple[np.ndarray, np.ndarray, np.ndarray, StudentSpec]
+# Fits a batch of jobs, results in job order, each exactly what fit_student gives (seeded,
+# single-threaded): in this process (fit_serially) or in worker processes (models.fit_pool).
+Fitter = Callable[[Sequence[FitJob]], list[FittedStudent]]
+
+
+def fit_serially(jobs: Sequence[FitJob]) -> list[FittedStudent]:
+    return [fit_student(*job) for job in jobs]
+
+
+def _job_without(inputs: FoldInputs, folds: np.ndarray, held: Sequence[int], spec: StudentSpec) -> FitJob:
+    """The fit of a student on the training rows whose fold is not in ``held`` (fold ids)."""
     rows = inputs.rows(folds)
-    return fit_student(rows.z, rows.margin, ~np.isin(rows.folds, held), spec)
-
-
-def _inner_threshold(
-    inputs: FoldInputs, folds: np.ndarray, f: int, choose: Chooser, spec: StudentSpec
-) -> float:
-    train = folds != f
-    inner = np.full(len(folds), np.nan)
-    models = {}
-    for g in np.unique(folds[train]):
-        held = folds == g
-        models[int(g)] = _fit_without(inputs, folds, np.array([f, g]), spec)
-        inner[held] = models[int(g)].score(inputs.z[held])
-    return choose(inner, train, models)
+    return rows.z, rows.margin, ~np.isin(rows.folds, np.asarray(held)), spec
 
 
 def cross_fit(
-    inputs: Sequence[FoldInputs], folds: np.ndarray, choose: Chooser | None, spec: StudentSpec
+    inputs: Sequence[FoldInputs],
+    folds: np.ndarray,
+    choose: Chooser | None,
+    spec: StudentSpec,
+    fit_all: Fitter = fit_serially,
 ) -> CrossFit:
     """Out-of-fold scores and decisions over ``folds`` (ids 0..k-1); see the module contract.
 
     ``choose``: the threshold rule on inner out-of-fold scores (needed with ``nested_threshold``).
+    ``fit_all``: how the fits run; every fit (outer and inner) is independent of the others, so they
+    go to it as one batch, and the result does not depend on where they ran.
     """
     k = int(folds.max()) + 1
     if len(inputs) != k:
         raise ValueError(f"{len(inputs)} fold inputs for {k} folds")
-    if spec.nested_threshold and choose is None:
+    nested = spec.nested_threshold
+    if nested and choose is None:
         raise ValueError("a nested threshold needs a threshold rule (choose)")
+    # per outer fold f: the fold ids g of its inner fits (each trained without f and g)
+    inner_folds = [[int(g) for g in np.unique(folds[folds != f])] if nested else [] for f in range(k)]
+    jobs = []
+    for f, inp in enumerate(inputs):
+        jobs.append(_job_without(inp, folds, [f], spec))
+        jobs += [_job_without(inp, folds, [f, g], spec) for g in inner_folds[f]]
+    fitted = iter(fit_all(jobs))
     scores, decisions = np.empty(len(folds)), np.zeros(len(folds), dtype=bool)
     thresholds, curves, models = [], {}, []
     for f, inp in enumerate(inputs):
         test = folds == f
-        model = _fit_without(inp, folds, np.array([f]), spec)
+        model = next(fitted)
         scores[test] = model.score(inp.z[test])
-        t = (
-            _inner_threshold(inp, folds, f, choose, spec)
-            if choose is not None and spec.nested_threshold
-            else 0.0
-        )
+        inner_models = {g: next(fitted) for g in inner_folds[f]}
+        if nested:
+            assert choose is not None
+            inner = np.full(len(folds), np.nan)
+            for g, m in inner_models.items():
+                held = folds == g
+                inner[held] = m.score(inp.z[held])
+            t = choose(inner, folds != f, inner_models)
+        else:
+            t = 0.0
         decisions[test] = scores[test] > t
         thresholds.append(t)
         curves[f"fold{f}"] = model.curve
         models.append(model)
     return CrossFit(scores, tuple(thresholds), decisions, curves, tuple(models))
+
+
+def pool_fitter(pool: WorkerPool) -> Fitter:
+    """A Fitter that hands a batch of fits to ``pool``'s worker processes."""
+
+    def fit_all(jobs: Sequence[FitJob]) -> list[FittedStudent]:
+        n = len(jobs)
+        return pool.run(fit_student, [Task(f"student fit {i + 1} of {n}", job) for i, job in enumerate(jobs)])
+
+    return fit_all

@@ -22,7 +22,7 @@ from decoder.scheduler import build_manifest
 from decoder.state import state_feature_names
 from features.datasets import column, state_matrix
 from features.folds import fold_rows
-from models.cross_fit import FittedStudent
+from models.cross_fit import FittedStudent, Fitter, fit_serially
 from models.distill_markdown import offline_markdown, offline_rows
 from models.distill_metrics import LABELS, Results, distill_metrics, manifest_fields, offline
 from models.gate import RoundPolicy, round_policy
@@ -58,15 +58,18 @@ class Distilled:
     figures: dict[str, Any]  # file name -> matplotlib figure
 
 
-def distill(cfg: DistillParams, depth: int, inputs: DistillInputs) -> Distilled:
-    """Every student, the exported one's gates and the offline evaluation (module docstring)."""
+def distill(
+    cfg: DistillParams, depth: int, inputs: DistillInputs, fit_all: Fitter = fit_serially
+) -> Distilled:
+    """Every student, the exported one's gates and the offline evaluation (module docstring);
+    ``fit_all``: where the student fits run (models.cross_fit.pool_fitter: in worker processes)."""
     states, margins, rs, signals = inputs.states, inputs.margins, inputs.rounds, inputs.signals
     names = state_feature_names(depth, signals.chosen)
     z = state_matrix(states, names)
     tg = targets(margins, cfg.margin_source, cfg.relative)
     replay = replay_of(states, inputs.trajectories)
     regret = targets(margins, "oracle", relative=True).oracle
-    st = fit_students(cfg, depth, states, tg, regret, replay, rs, signals)
+    st = fit_students(cfg, depth, states, tg, regret, replay, rs, signals, fit_all)
     n_params = count_parameters(st.final.module)
     if n_params != student_param_count(z.shape[1], cfg.hidden):
         raise RuntimeError(

@@ -29,10 +29,12 @@ from models.cross_fit import (
     Chooser,
     CrossFit,
     FittedStudent,
+    Fitter,
     FoldInputs,
     StudentSpec,
     TrainRows,
     cross_fit,
+    fit_serially,
     fit_student,
     scaled_epochs,
 )
@@ -151,6 +153,7 @@ class _Setup:
     walked_rule: Chooser  # the canonical-state rule
     by_rounds: bool  # distill.threshold_rule is rounds
     spec: StudentSpec
+    fit_all: Fitter  # where the fits run (models.cross_fit: in this process or in workers)
 
     def z(self, signals: tuple[str, ...]) -> np.ndarray:
         return state_matrix(self.states, state_feature_names(self.depth, signals))
@@ -177,6 +180,7 @@ def _setup(
     regret: np.ndarray,
     rs: RoundSet | None,
     fold_signals: list[tuple[str, ...]],
+    fit_all: Fitter,
 ) -> _Setup:
     """The shared setup of ``cfg``'s fits; ValueError on a loss or threshold rule it cannot run."""
     if cfg.loss not in LOSS_CHOICES:
@@ -187,7 +191,8 @@ def _setup(
     by_rounds = cfg.threshold_rule == "rounds"
     if by_rounds and rs is None:
         raise ValueError("distill.threshold_rule rounds walks round states: train_set canonical loads none")
-    return _Setup(states, depth, rs, fold_rows(states, "report"), fold_signals, walked_rule, by_rounds, spec)
+    folds = fold_rows(states, "report")
+    return _Setup(states, depth, rs, folds, fold_signals, walked_rule, by_rounds, spec, fit_all)
 
 
 def without_lookahead(z: np.ndarray, depth: int, signals: tuple[str, ...]) -> np.ndarray:
@@ -211,7 +216,7 @@ def _no_lookahead_fit(su: _Setup, winner: str, per_fold: list[FoldInputs]) -> tu
         for p, s, zr in zip(per_fold, su.fold_signals, flat_z, strict=True)
     ]
     blind_spec = scaled_epochs(su.spec, len(blind[0].rows(su.folds).folds), len(su.folds))
-    fit = cross_fit(blind, su.folds, su.choose(flat_z), blind_spec)
+    fit = cross_fit(blind, su.folds, su.choose(flat_z), blind_spec, su.fit_all)
     return fit, su.round_walk(fit, flat)
 
 
@@ -229,7 +234,7 @@ def _fit_sets(
             for f, p in enumerate(per_fold)
         ]
         set_spec = scaled_epochs(su.spec, len(inputs[0].rows(su.folds).folds), len(su.folds))
-        by_set[name] = cross_fit(inputs, su.folds, su.choose(round_z), set_spec)
+        by_set[name] = cross_fit(inputs, su.folds, su.choose(round_z), set_spec, su.fit_all)
         bar.update()
     return by_set
 
@@ -281,7 +286,7 @@ def _ablation_fits(
     states; its round walk returned beside) and the leave-one-pair-out student (with pair folds)."""
     size0 = [FoldInputs(su.z(()), tg.by_fold[:, f]) for f in range(len(per_fold))]
     size0_round = su.round_inputs(su.rs, [()]) * len(size0)  # one input matrix: every fold reads no signal
-    fits = {"student_size0_oof": cross_fit(size0, su.folds, su.choose(size0_round), su.spec)}
+    fits = {"student_size0_oof": cross_fit(size0, su.folds, su.choose(size0_round), su.spec, su.fit_all)}
     bar.update()
     blind_walk = None
     if su.rs is not None:
@@ -289,7 +294,8 @@ def _ablation_fits(
         bar.update()
     if by_pair_fold:
         lopo = [FoldInputs(su.z(s), tg.oracle) for s in by_pair_fold]
-        fits["student_lopo"] = cross_fit(lopo, fold_rows(su.states, "pair"), su.walked_rule, su.spec)
+        by_pair = fold_rows(su.states, "pair")
+        fits["student_lopo"] = cross_fit(lopo, by_pair, su.walked_rule, su.spec, su.fit_all)
         bar.update()
     return fits, blind_walk
 
@@ -303,17 +309,18 @@ def fit_students(
     replay: Replay,
     rs: RoundSet | None,
     signals: SignalSets,
+    fit_all: Fitter = fit_serially,
 ) -> Students:
     """Every out-of-fold student and the exported one (module docstring); a progress bar on stderr
-    counts the cross-fits."""
-    su = _setup(cfg, depth, states, replay, regret, rs, signals.by_report_fold)
+    counts the cross-fits. ``fit_all``: where the fits run (the students are the same either way)."""
+    su = _setup(cfg, depth, states, replay, regret, rs, signals.by_report_fold, fit_all)
     per_fold = [FoldInputs(su.z(s), tg.by_fold[:, f]) for f, s in enumerate(su.fold_signals)]
     names = train_sets(cfg.train_set)
     total = len(names) + 3 + (rs is not None) + bool(signals.by_pair_fold)  # + MSE, size 0, the export
     with tqdm(total=total, desc="distill (student fits)", unit="fit") as bar:
         by_set = _fit_sets(su, per_fold, names, bar)
         mse_spec = replace(su.spec, loss="mse", nested_threshold=False)
-        mse = cross_fit(per_fold, su.folds, None, mse_spec)
+        mse = cross_fit(per_fold, su.folds, None, mse_spec, su.fit_all)
         bar.update()
         walked = {**by_set, "mse": mse}
         walks = {n: su.round_walk(f, rs) for n, f in walked.items()} if rs is not None else {}

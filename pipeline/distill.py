@@ -50,6 +50,7 @@ from pathlib import Path
 import mlflow
 import pyarrow as pa
 
+from collectors.collect.pool import WorkerPool
 from config.params import Params, resolve
 from decoder.files import sha256_of_file
 from decoder.scheduler import write_artifact
@@ -57,6 +58,7 @@ from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.schemas import margins_spec, states_spec
 from features.signals_file import read_fold_signals, read_signals
 from features.tables import read_table
+from models.cross_fit import pool_fitter
 from models.distill_run import Distilled, DistillInputs, distill, student_export
 from models.round_walks import RoundSet, round_set
 from models.student_selection import SignalSets, train_sets
@@ -95,8 +97,9 @@ def read_inputs(params: Params) -> DistillInputs:
 
 def main(params: Params) -> dict:
     inputs = read_inputs(params)
-    with stage_run("distill", params):
-        done = distill(params.distill, params.tree.depth, inputs)
+    workers = WorkerPool(params.distill.workers, 1, keep_freed=False)
+    with stage_run("distill", params), workers as pool:
+        done = distill(params.distill, params.tree.depth, inputs, pool_fitter(pool))
         write_outputs(resolve(params.distill.out_dir), params, done)
         log_metrics(done.metrics)
         mlflow.log_text(done.table, "offline.md")

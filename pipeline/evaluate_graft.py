@@ -35,14 +35,15 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
 Every row's rounds on every prompt come from the exact walks of the prompt's output
 (collectors/graft/walk.py, BudgetWalker: by marginals and TDES-ranked, at a fixed B or under a
 rule), the target's greedy continuation, checked by one teacher-forced forward (lossless_gate): on
-the wall-clock prompts DDTree's output at the fixed B; elsewhere, and on the collect prompts the
-budget choice reads, batched greedy decoding's (decoder/batch_greedy.py), a prompt whose batched
-output the gate rejects being decoded alone. On the first ``graft_eval.wall_prompts_per_cell``
-prompts of a cell every row is also decoded for real (identical configurations once), back to back
-with autoregressive decoding (the wall-clock table): the stage fails if an output differs from the
-target's greedy continuation or a decode's rounds from its walk's. Pricing is deterministic
-given the costs measured at the start of each pair (collectors/graft/costs.py) and the pair's
-latency profile (``profile.out_dir/<pair>.json``).
+the wall-clock prompts DDTree's output at the fixed B; elsewhere the continuation the evaluate_fixed
+stage stored for the same cell and prompts (``<evaluate.out_dir>/fixed/fixed.json``), and where it
+has none, and on the collect prompts the budget choice reads, batched greedy decoding's
+(decoder/batch_greedy.py), a prompt whose batched output the gate rejects being decoded alone. On
+the first ``graft_eval.wall_prompts_per_cell`` prompts of a cell every row is also decoded for real
+(identical configurations once), back to back with autoregressive decoding (the wall-clock
+table): the stage fails if an output differs from the target's greedy continuation or a decode's
+rounds from its walk's. Pricing is deterministic given the costs measured at the start of each pair
+(collectors/graft/costs.py) and the pair's latency profile (``profile.out_dir/<pair>.json``).
 
 Writes ``graft_eval.out_dir``: ``graft.md`` (the table), ``costs.json`` (the measured costs) and
 ``metrics.json`` (every cell's rows, the done-when checks, overheads, seconds).
@@ -54,6 +55,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -66,6 +68,8 @@ from collectors.collect.plan import (
     report_questions,
 )
 from collectors.collect.report import ReportSpec
+from collectors.evaluation.fixed_cells import fixed_path, read_fixed
+from collectors.evaluation.priced_eval import Cell, PricedCell, prompts_digest
 from collectors.graft.budget import (
     Arm,
     arm_totals,
@@ -141,8 +145,37 @@ def validate(params: Params) -> None:
                 raise ValueError(f"{path}: missing (run the profile and fit_edges stages)")
 
 
-def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[dict], GraftCosts, dict]:
-    """Every cell of one pair; returns (cells, measured costs, pair summary)."""
+def stored_outputs(
+    params: Params,
+    parts: Mapping[Cell, PricedCell],
+    cell: Cell,
+    prompts: Sequence[list[int]],
+    eos: Sequence[int],
+) -> list[list[int]] | None:
+    """The target's greedy output of each of the cell's prompts (``graft_eval.max_new_tokens``,
+    ending after its first EOS), cut from the continuations the evaluate_fixed stage stored for the
+    same cell on the same prompts; None where it has none for them (a pair or a prompt count of
+    this stage's own)."""
+    part = parts.get(cell)
+    if part is None or part.prompts_sha256 != prompts_digest(prompts):
+        return None
+    n, stop = params.graft_eval.max_new_tokens, set(eos)
+    outputs = []
+    for g, _ in part.continuations:
+        if len(g) < n:
+            return None
+        out = list(g[:n])
+        end = next((i + 1 for i, t in enumerate(out) if t in stop), n)
+        outputs.append(out[:end])
+    return outputs
+
+
+def evaluate_pair(
+    params: Params, pair_id: str, drafter_id: str, parts: Mapping[Cell, PricedCell]
+) -> tuple[list[dict], GraftCosts, dict]:
+    """Every cell of one pair; returns (cells, measured costs, pair summary). ``parts``: the
+    evaluate_fixed stage's cells, whose stored continuations give the outputs of the prompts that
+    are not decoded for real (else they are decoded in a batch)."""
     cfg, edges, ev = params.graft_eval, params.edges, params.evaluate
     t0 = time.perf_counter()
     pair = load_registered_pair(params, pair_id)
@@ -171,7 +204,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
     once = arms["graft_rule" if choice["tdes"]["use_rule"] else "graft_learned"]  # full GRAFT, all tasks
     per_task = task_arms if choice["per_task"]["use"] else {}
     n_wall = min(cfg.wall_prompts_per_cell, cfg.prompts_per_cell)
-    cells, checked, decodes, full_by_dataset = [], 0, 0, {}
+    cells, checked, decodes, reused, full_by_dataset = [], 0, 0, 0, {}
     bar = tqdm(total=sum(map(len, prompts.values())), desc=f"evaluate_graft {pair_id}", unit="prompt")
     for dataset, dataset_prompts in prompts.items():
         task = per_task.get(dataset)
@@ -184,8 +217,15 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         walks, ar_runs = [], []
         # the output every row emits (lossless: the target's greedy continuation): decoded with DDTree
         # at b on the wall-clock prompts (that decode is one of the timed rows), from a batch elsewhere
-        batched = greedy_batch(pair.target, dataset_prompts[n_wall:], cfg.max_new_tokens, pair.vocab_size,
-                               pair.eos_token_ids)  # fmt: skip
+        stored = stored_outputs(params, parts, (pair_id, dataset), dataset_prompts, pair.eos_token_ids)
+        reused += stored is not None
+        batched = (
+            stored[n_wall:]
+            if stored is not None
+            else greedy_batch(
+                pair.target, dataset_prompts[n_wall:], cfg.max_new_tokens, pair.vocab_size, pair.eos_token_ids
+            )
+        )
         for i, prompt in enumerate(dataset_prompts):
             output = batched[i - n_wall] if i >= n_wall else None
             walked = walk_choice_prompt(pair, drafter, scorer, prompt, b, b_max, edges.topk,
@@ -253,6 +293,7 @@ def evaluate_pair(params: Params, pair_id: str, drafter_id: str) -> tuple[list[d
         "overhead_ms_at_budget": costs.overhead_ms(b),
         "overhead_ms_at_graft_budget": costs.overhead_ms(arms["graft"][0]),
         "decodes": decodes,
+        "cells_from_stored_continuations": reused,  # of evaluate_fixed, instead of a batched decode
         "walk_checked_runs": checked,  # (prompt, row) decodes whose rounds the exact walk reproduced
         "seconds": time.perf_counter() - t0,
     }
@@ -372,8 +413,11 @@ def main(params: Params) -> dict:
     out = resolve(params.graft_eval.out_dir)
     with stage_run("evaluate_graft", params):
         cells, costs, pairs = [], {}, {}
+        ev = params.evaluate
+        stored = [(p, d) for p in params.edges.pairs if p in ev.pairs for d in ev.datasets]
+        parts = read_fixed(fixed_path(resolve(ev.out_dir)), stored)[0] if stored else {}
         for pair_id, drafter_id in zip(params.edges.pairs, params.edges.drafters, strict=True):
-            pair_cells, costs[pair_id], pairs[pair_id] = evaluate_pair(params, pair_id, drafter_id)
+            pair_cells, costs[pair_id], pairs[pair_id] = evaluate_pair(params, pair_id, drafter_id, parts)
             cells += pair_cells
         table = markdown(cells) + "\n" + markdown_wall(cells)
         metrics = {**checks(cells, pairs), "pairs": pairs, "seconds": time.perf_counter() - t0}

@@ -1,10 +1,12 @@
 """DVC stage ``fit_value``: the 4-head value system on [state z, suffix encoding], 5-fold grouped OOF.
 
 Reads the canonicalize tables and the chosen signals; trains one model per fold (on the other
-folds) for out-of-fold metrics per head, then the final model on all reports. Writes
+folds) for out-of-fold metrics per head, then the final model on all reports, the six fits in
+``fit_value.workers`` processes (the same models as in one). Writes
 ``fit_value.out_dir/`` value.{json,safetensors} (decoder/scheduler.py format), folds/fold<f>.*
 (used by the margins stage for leakage-free OOF margins), curves.csv and metrics.json.
-One MLflow run ``fit_value``; learning curves go through Lightning's MLflow logger.
+One MLflow run ``fit_value``, with each fit's learning curve (``<fit>/train_loss`` and ``val_loss``
+by epoch).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from pathlib import Path
 import mlflow
 import numpy as np
 
+from collectors.collect.pool import Task, WorkerPool
 from collectors.evaluation.plots import new_figure
-from config.params import Params, resolve
+from config.params import FitValueParams, Params, resolve
 from decoder.files import sha256_of_file
 from decoder.planning import HEADS, predicted_throughput, suffix_feature_names
 from decoder.scheduler import build_manifest, write_artifact
@@ -33,7 +36,7 @@ from models.value import ValueSystem, value_param_count
 from pipeline.cli import run_stage
 from pipeline.tracking import (
     git_revision,
-    lightning_logger,
+    log_curves,
     log_figure,
     log_metrics,
     stage_run,
@@ -45,10 +48,9 @@ log = logging.getLogger(__name__)
 
 
 def _fit(
-    data: ValueData, train: np.ndarray, params: Params, logger: object, prefix: str, val: np.ndarray | None
+    data: ValueData, train: np.ndarray, cfg: FitValueParams, prefix: str, val: np.ndarray | None
 ) -> tuple[FitResult, Standardizer, Standardizer]:
-    """Fit on rows `train` (standardization from them), validating on rows `val`."""
-    cfg = params.fit_value
+    """Fit on rows `train` (standardization from them), validating on rows `val`: a pool task."""
     xs, ys = Standardizer.fit(data.x[train]), Standardizer.fit(data.y[train])
     val_xy = (xs.apply(data.x[val]), ys.apply(data.y[val])) if val is not None else None
     res = fit_regressor(
@@ -57,7 +59,6 @@ def _fit(
         ys.apply(data.y[train]),
         cfg.train,
         val=val_xy,
-        logger=logger,
         prefix=prefix,
     )
     return res, xs, ys
@@ -119,24 +120,27 @@ def main(params: Params) -> dict:
         "training_data_sha256": sha256_of_file(resolve(params.collect.out_dir) / "actions.parquet"),
         "git_revision": git_revision(),
     }
-    with stage_run("fit_value", params) as run:
-        logger = lightning_logger(params, run)
+    folds = [int(f) for f in np.unique(data.folds)]
+    tasks = [Task(f"fold{f}", (data, data.folds != f, cfg, f"fold{f}/", data.folds == f)) for f in folds]
+    tasks.append(Task("final", (data, np.ones(len(data.x), dtype=bool), cfg, "final/", None)))
+    with stage_run("fit_value", params):
+        with WorkerPool(min(cfg.workers, len(tasks)), 1, keep_freed=False) as pool:
+            fitted = pool.run(_fit, tasks)
         oof, curves = np.full_like(data.y, np.nan), {}
-        for f in np.unique(data.folds):
+        for f, (res, xs, ys) in zip(folds, fitted[:-1], strict=True):
             test = data.folds == f
-            res, xs, ys = _fit(data, ~test, params, logger, f"fold{f}/", test)
             oof[test] = ys.invert(predict(res.module, xs.apply(data.x[test])))
             curves[f"fold{f}"] = res.curve
             _save(out / "folds" / f"fold{f}", res, xs, ys, params, names, extra)
-        res, xs, ys = _fit(data, np.ones(len(data.x), dtype=bool), params, logger, "final/", None)
+        res, xs, ys = fitted[-1]
         curves["final"] = res.curve
+        log_curves(curves)
         n_params = count_parameters(res.module)
         if n_params != value_param_count(data.x.shape[1], cfg.hidden):
             raise RuntimeError(
                 f"value system has {n_params} parameters, not {value_param_count(23, cfg.hidden)}"
             )
         oof_metrics = _oof_metrics(data, oof)
-        logger.log_metrics(oof_metrics)  # per-head out-of-fold metrics through Lightning's MLflow logger
         metrics = {"n_params": n_params, "n_samples": len(data.x), "n_inputs": data.x.shape[1], **oof_metrics}
         _save(out / "value", res, xs, ys, params, names, {**extra, "metrics": metrics})
         rows = [
@@ -146,7 +150,7 @@ def main(params: Params) -> dict:
         ]
         write_csv(out / "curves.csv", rows)
         write_json(out / "metrics.json", metrics)
-        log_metrics({k: v for k, v in metrics.items() if k not in oof_metrics})
+        log_metrics(metrics)
         mlflow.log_artifact(str(out / "value.json"))
         _plot(curves, data, oof)
     log.info("value system: %d params, OOF NMAE %.3f", n_params, metrics["oof_nmae_mean"])

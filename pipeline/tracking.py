@@ -238,13 +238,26 @@ def _shown(path: Path) -> str:
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
-def lightning_logger(params: Params, run: Any) -> Any:
-    """Lightning's MLflow logger writing into the stage's open run (learning curves per epoch)."""
-    from lightning.pytorch.loggers import MLFlowLogger
+def log_curves(curves: Mapping[str, Any]) -> None:
+    """Each fit's learning curve (models.training.Curve) in the active run: metric histories
+    ``<fit>/train_loss`` and ``<fit>/val_loss`` (where finite), one step per epoch."""
+    import math
 
-    return MLFlowLogger(
-        params.mlflow.experiment, tracking_uri=tracking_uri(params.mlflow), run_id=run.info.run_id
-    )
+    import mlflow
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    rows = [
+        Metric(f"{fit}/{name}", float(v), now, int(epoch))
+        for fit, c in curves.items()
+        for name, values in (("train_loss", c.train_loss), ("val_loss", c.val_loss))
+        for epoch, v in zip(c.epochs, values, strict=True)
+        if math.isfinite(v)
+    ]
+    run_id = mlflow.active_run().info.run_id
+    client = mlflow.MlflowClient()
+    for i in range(0, len(rows), 1000):  # MLflow takes at most 1000 metrics a batch
+        client.log_batch(run_id, metrics=rows[i : i + 1000])
 
 
 def log_metrics(metrics: Mapping[str, Any]) -> None:

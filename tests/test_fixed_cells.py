@@ -1,8 +1,8 @@
 """evaluate_fixed + evaluate equal the one-pass priced replay: the fixed schedules priced upstream
 (collectors/evaluation/fixed_cells.py), stored as JSON float for float, and merged with the
-policies replayed from the stored continuations give every cell field by field; the policy pass
-decodes no continuation; a part priced on other prompts, a missing cell or another schema is one
-error naming the file."""
+policies replayed from the stored continuations and target rows give every cell field by field;
+the policy pass decodes no continuation and runs no target forward; a part priced on other
+prompts, a missing cell or another schema is one error naming the file."""
 
 from __future__ import annotations
 
@@ -40,14 +40,24 @@ def test_stored_fixed_parts_merged_with_the_policies_equal_the_one_pass_replay(
     assert rows == ablations
     for cell in CELLS:  # JSON round trip: every double and continuation as written
         _same(stored[cell], fixed[cell])
-        assert (stored[cell].continuations, stored[cell].prompts_sha256) == (
-            fixed[cell].continuations, fixed[cell].prompts_sha256,
+        assert (stored[cell].continuations, stored[cell].prompts_sha256, stored[cell].rows) == (
+            fixed[cell].continuations, fixed[cell].prompts_sha256, fixed[cell].rows,
         )  # fmt: skip
+        g, _ = fixed[cell].continuations[0]
+        tokens, logps = fixed[cell].rows[0]
+        assert len(tokens) == len(logps) > len(g)  # a row per position of prompt + g but the last
+        assert all(len(t) == params.tree.topk and lp == tuple(sorted(lp, reverse=True))
+                   for t, lp in zip(tokens, logps, strict=True))  # fmt: skip
     decoded: list[tuple] = []
     real = Replayer.continuation
     monkeypatch.setattr(Replayer, "continuation", lambda self, p: decoded.append(p) or real(self, p))
+    forwards: list[tuple] = []
+    rows_of = Replayer.rows_and_check
+    monkeypatch.setattr(
+        Replayer, "rows_and_check", lambda self, p, t: forwards.append(p) or rows_of(self, p, t)
+    )
     merged = priced_cells(params, CELLS, POLICIES, {}, hindsight=False, fixed_parts=stored)
-    assert decoded == []  # every g came from the stored part
+    assert decoded == [] and forwards == []  # every g and every target row came from the stored part
     for cell in CELLS:
         _same(merged[cell], one_pass[cell])
         assert merged[cell].continuations == one_pass[cell].continuations

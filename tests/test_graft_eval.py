@@ -4,6 +4,7 @@ count, the measured costs, and the evaluate_graft stage end to end on a tiny wor
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from test_edges import tiny_edges_params, workspace  # noqa: F401  (the module f
 from test_lossless import EOS, prompts, reference
 
 from collectors.collect.plan import load_registered_pair
+from collectors.evaluation.priced_eval import PricedCell, prompts_digest
 from collectors.graft.budget import (
     ChoiceWalks,
     arm_totals,
@@ -342,3 +344,20 @@ def test_full_graft_chooses_per_task_by_leaving_collect_prompts_out(workspace) -
             assert rule is rules["tdes" if arm["tdes"] else "plain"] and budget == rule.cap
         else:
             assert 1 <= arm["budget"] <= 20
+
+
+def test_stored_continuations_give_the_outputs_cut_at_the_first_eos(workspace) -> None:  # noqa: F811
+    params = tiny_edges_params(workspace, extra={"graft_eval": {"max_new_tokens": 4}})
+    prompts = [[5, 6, 7], [8, 9]]
+    part = PricedCell(np.zeros(2), np.zeros(2), {}, "", (((1, 2, 3, 4, 5, 6), 4), ((1, 0, 3, 0, 9), 2)),
+                      prompts_digest(prompts))  # fmt: skip
+    parts = {("tiny", "code"): part}
+    # 4 tokens, or up to and with the first EOS (0); nothing for another cell or other prompts
+    assert evaluate_graft.stored_outputs(params, parts, ("tiny", "code"), prompts, [0]) == [
+        [1, 2, 3, 4],
+        [1, 0],
+    ]
+    assert evaluate_graft.stored_outputs(params, parts, ("tiny", "chat"), prompts, [0]) is None
+    assert evaluate_graft.stored_outputs(params, parts, ("tiny", "code"), prompts[:1], [0]) is None
+    short = {("tiny", "code"): replace(part, continuations=(((1, 2), 2), ((3, 4), 2)))}
+    assert evaluate_graft.stored_outputs(params, short, ("tiny", "code"), prompts, [0]) is None

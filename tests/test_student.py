@@ -3,14 +3,17 @@ that never use the held-out fold."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
+from collectors.collect.pool import WorkerPool
 from config.params import TrainConfig
 from decoder.planning import suffix_feature_names
 from decoder.state import SIGNAL_NAMES, state_feature_names
-from models.cross_fit import FoldInputs, StudentSpec, cross_fit
+from models.cross_fit import FoldInputs, StudentSpec, TrainRows, cross_fit, pool_fitter
 from models.mlp import count_parameters
 from models.offline import (
     Replay,
@@ -102,6 +105,32 @@ def test_cross_fit_never_uses_the_held_out_fold():
     np.testing.assert_allclose(again.scores[held], base.scores[held], atol=1e-6)
     assert again.thresholds[0] == base.thresholds[0]
     assert not np.allclose(again.scores[~held], base.scores[~held])  # the other folds trained on it
+
+
+def test_cross_fit_in_worker_processes_gives_the_same_students_to_the_bit():
+    rng = np.random.default_rng(3)
+    report = np.repeat(np.arange(6), 7)
+    z = rng.normal(size=(len(report), 5))
+    margin = z[:, 0] - 0.3 + 0.1 * rng.normal(size=len(report))
+    folds = report % 3
+    # fold 2 also trains on extra rows of its own (as the round-level set does)
+    extra = TrainRows(rng.normal(size=(60, 5)), rng.normal(size=60), np.arange(60) % 3)
+    inputs = [FoldInputs(z, margin), FoldInputs(z, -margin), FoldInputs(z, margin, extra)]
+    spec = StudentSpec("weighted_logistic", (8,), FAST, 0.0, nested_threshold=True)
+    here = cross_fit(inputs, folds, _chooser(margin), spec)
+    with WorkerPool(2, 1) as pool:
+        there = cross_fit(inputs, folds, _chooser(margin), spec, pool_fitter(pool))
+        again = cross_fit(inputs, folds, None, replace(spec, nested_threshold=False), pool_fitter(pool))
+    np.testing.assert_array_equal(there.scores, here.scores)
+    assert there.thresholds == here.thresholds and min(here.thresholds) >= 0
+    np.testing.assert_array_equal(there.decisions, here.decisions)
+    for a, b in zip(there.models, here.models, strict=True):
+        for pa_, pb in zip(a.module.parameters(), b.module.parameters(), strict=True):
+            assert torch.equal(pa_, pb)
+    assert [c.train_loss for c in there.curves.values()] == [c.train_loss for c in here.curves.values()]
+    # the pool served a second batch; with threshold 0 the outer fits are the nested run's own
+    np.testing.assert_array_equal(again.scores, here.scores)
+    assert again.thresholds == (0.0, 0.0, 0.0)
 
 
 def _replay_two_steps() -> Replay:

@@ -5,6 +5,8 @@ With ``workers <= 1`` it is exactly that loop, in this process. Otherwise ``work
 processes (never forked: a forked torch runtime can deadlock) each set torch's threads to
 ``threads`` and take the tasks in their listed order; results come back in that order whatever
 order they finish in. ``fn`` must be a module-level function and the args picklable.
+``WorkerPool`` keeps such workers for many ``run`` calls, for a stage that hands out many small
+batches of tasks (distill's student fits).
 
 Devices: on ``device="cuda"`` the pool runs one worker per visible CUDA device (``workers`` counts CPU
 processes only), and each worker makes its own ``cuda:i`` torch's current device before it takes a
@@ -27,7 +29,7 @@ import os
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
@@ -115,35 +117,66 @@ def run_tasks(
     (``device="cuda"``: one worker per visible GPU, see the module docstring)."""
     if device == "cuda":
         workers = len(worker_devices(device, cuda_device_count()))  # one per GPU; no GPU: an error
-    if workers <= 1 or len(tasks) <= 1:
-        out = []
-        for t in tasks:
-            out.append(fn(*t.args))
-            if done is not None:
-                done(t, out[-1])
-        return out
-    results: dict[int, object] = {}
-    ctx = multiprocessing.get_context("spawn")
-    n = min(workers, len(tasks))
-    init = (threads, logging.getLogger().level, keep_freed, device_queue(ctx, device, n))
-    pool = ProcessPoolExecutor(n, ctx, _init_worker, init)
-    try:
-        futures = {pool.submit(_run, (i, fn, t.args)): i for i, t in enumerate(tasks)}
-        for future in as_completed(futures):
-            i = futures[future]
-            try:
-                _, result = future.result()
-            except BrokenProcessPool as err:
-                left = [t.label for j, t in enumerate(tasks) if j not in results]
-                raise TaskError(f"a worker process died with tasks unfinished: {', '.join(left)}") from err
-            if isinstance(result, _Failure):
-                raise TaskError(
-                    f"{tasks[i].label}: {result.kind}: {result.message}\n"
-                    f"worker traceback:\n{result.traceback}"
-                )
-            results[i] = result
-            if done is not None:
-                done(tasks[i], result)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return [results[i] for i in range(len(tasks))]
+    with WorkerPool(min(workers, len(tasks)), threads, keep_freed, device) as pool:
+        return pool.run(fn, tasks, done)
+
+
+class WorkerPool:
+    """``workers`` spawned processes kept for many :meth:`run` calls (a stage that runs many small
+    batches of tasks pays the workers' start, torch's import, once); with ``workers <= 1``, no
+    process: :meth:`run` is the plain loop in this one. Use it as a context manager: leaving it
+    shuts the workers down."""
+
+    def __init__(self, workers: int, threads: int, keep_freed: bool = True, device: str = "cpu") -> None:
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        if workers > 1:
+            ctx = multiprocessing.get_context("spawn")
+            init = (threads, logging.getLogger().level, keep_freed, device_queue(ctx, device, workers))
+            self._pool = ProcessPoolExecutor(workers, ctx, _init_worker, init)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def run(
+        self, fn: Callable, tasks: Sequence[Task], done: Callable[[Task, object], None] | None = None
+    ) -> list:
+        """``fn(*task.args)`` for every task, in task order; ``done(task, result)`` as each
+        finishes. A failed task cancels the queued ones and raises TaskError naming it."""
+        if self._pool is None or len(tasks) <= 1:
+            out = []
+            for t in tasks:
+                out.append(fn(*t.args))
+                if done is not None:
+                    done(t, out[-1])
+            return out
+        results: dict[int, object] = {}
+        futures = {self._pool.submit(_run, (i, fn, t.args)): i for i, t in enumerate(tasks)}
+        try:
+            for future in as_completed(futures):
+                i = futures[future]
+                try:
+                    _, result = future.result()
+                except BrokenProcessPool as err:
+                    left = [t.label for j, t in enumerate(tasks) if j not in results]
+                    died = f"a worker process died with tasks unfinished: {', '.join(left)}"
+                    raise TaskError(died) from err
+                if isinstance(result, _Failure):
+                    raise TaskError(
+                        f"{tasks[i].label}: {result.kind}: {result.message}\n"
+                        f"worker traceback:\n{result.traceback}"
+                    )
+                results[i] = result
+                if done is not None:
+                    done(tasks[i], result)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            wait(futures)  # the tasks already handed to a worker finish (their files are whole)
+            raise
+        return [results[i] for i in range(len(tasks))]

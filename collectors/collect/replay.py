@@ -244,6 +244,11 @@ class Replayer:
         warmed = self._rows.pop((tuple(prompt), tuple(text)), None)
         return warmed if warmed is not None else self.rows_and_check(prompt, text)[0]
 
+    def rows_of(self, prompt: list[int], text: list[int]) -> TargetRows:
+        """The target's rows of ``text`` (:func:`drafter_rows`): what a stored replay keeps so that a
+        later one runs no target forward (collectors.evaluation.priced_eval.MemoReplayer.seed)."""
+        return drafter_rows(self.ngram_with_rows(prompt, text), text)
+
     def rows_and_check(self, prompt: list[int], text: list[int]) -> tuple[NgramDrafter, int | None]:
         """The n-gram drafter of :meth:`ngram_with_rows`, from the prompt's prefill (as execute mode
         computes it) and one forward of the rest of the text but its last token; and the first
@@ -325,6 +330,19 @@ class Replayer:
         return BranchOutcome(
             len(accepted), len(pruned.tree), b.calls, fed, b.signals, b.state.tree.n_alive, frontier, b.blocks
         )
+
+
+# The target's top-m rows of a prompt's text (prompt + g), position 0 on: per position its tokens
+# and their log-probs, best first, as the replay's n-gram drafter holds them (rows_and_check)
+TargetRows = tuple[tuple[tuple[int, ...], ...], tuple[tuple[float, ...], ...]]
+
+
+def drafter_rows(ngram: NgramDrafter, text: Sequence[int]) -> TargetRows:
+    """The rows a replay's n-gram drafter holds for ``text``: one per position but the last."""
+    entries = ngram.cache.entries
+    if len(entries) != len(text) - 1 or any(e is None for e in entries):
+        raise RuntimeError("the replay's n-gram drafter lacks a row of the text")
+    return tuple(tuple(e) for e in entries), tuple(tuple(e.values()) for e in entries)  # type: ignore[union-attr]
 
 
 def read_log(builder: RoundBuilder) -> ReadLog:

@@ -2,9 +2,10 @@
 
 What no learned policy changes is priced once, upstream of the scheduler's training: per (pair,
 dataset) cell, autoregressive decoding's priced ms, the tokens, All-Small, All-Mid, 10101 and the
-best fixed schedule in hindsight (all 2^D schedules replayed), the target's continuations and the
-prompts' digest; and the ablations, decoded for real. ``evaluate`` replays only the policies, from
-the stored continuations, and merges each cell with its part (collectors/evaluation/priced_tasks.py).
+best fixed schedule in hindsight (all 2^D schedules replayed), the target's continuations, its
+top-m rows of each prompt's text and the prompts' digest; and the ablations, decoded for real.
+``evaluate`` replays only the policies, from the stored continuations and rows (no target forward),
+and merges each cell with its part (collectors/evaluation/priced_tasks.py).
 The pair check's calibration cells get the same (All-Small and All-Mid only) in a second file, for
 ``deploy``.
 
@@ -21,15 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from collectors.evaluation.priced_eval import FIXED, PricedCell, PricedMethod
+from collectors.evaluation.priced_eval import FIXED, Cell, PricedCell, PricedMethod, TargetRows
 from decoder.files import replace_atomically
 
-SCHEMA = "treegraft-evaluate-fixed/1"
+SCHEMA = "treegraft-evaluate-fixed/2"  # 2: with the target's rows
 FILE = "fixed.json"
 CALIBRATION_FILE = "calibration.json"
 FOLDER = "fixed"  # under evaluate.out_dir
 FIXED_METHODS = {**FIXED, "10101": "10101"}  # the fixed schedules every cell reports
-Cell = tuple[str, str]  # (pair_id, dataset_id)
 RERUN = "rerun the evaluate_fixed stage"
 
 
@@ -50,6 +50,7 @@ def cell_record(c: PricedCell) -> dict:
         "best_fixed": c.best_fixed,
         "continuations": [[list(g), limit] for g, limit in c.continuations],
         "prompts_sha256": c.prompts_sha256,
+        "rows": [[[list(t) for t in tokens], [list(lp) for lp in logps]] for tokens, logps in c.rows],
     }
 
 
@@ -61,6 +62,12 @@ def _method(r: Mapping) -> PricedMethod:
     )  # fmt: skip
 
 
+def _rows(tokens: Sequence, logps: Sequence) -> TargetRows:
+    return tuple(tuple(int(t) for t in ts) for ts in tokens), tuple(
+        tuple(float(x) for x in lp) for lp in logps
+    )
+
+
 def cell_from(r: Mapping) -> PricedCell:
     methods = [_method(m) for m in r["methods"]]
     return PricedCell(
@@ -70,6 +77,7 @@ def cell_from(r: Mapping) -> PricedCell:
         str(r["best_fixed"]),
         tuple((tuple(int(t) for t in g), int(limit)) for g, limit in r["continuations"]),
         str(r["prompts_sha256"]),
+        tuple(_rows(tokens, logps) for tokens, logps in r["rows"]),
     )
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from collectors.collect.policy_replay import StepMemo, replay_policy
 from collectors.collect.records import RoundRecord, bits_text
-from collectors.collect.replay import Replayer
+from collectors.collect.replay import ReadLog, Replayer, TargetRows, drafter_rows
 from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
 from decoder.config import DecodeConfig
 from decoder.latency import LatencyProfile, price_ar, price_round
@@ -55,6 +55,7 @@ class PricedMethod:
 
 
 Replayed = tuple[list[RoundRecord], int, list[tuple[bool, ...]]]  # rounds, tokens, bits per round
+Cell = tuple[str, str]  # (pair_id, dataset_id)
 Continuation = tuple[tuple[int, ...], int]  # the target's greedy continuation g and its stop
 
 
@@ -140,13 +141,44 @@ class MemoReplayer(Replayer):
         g, limit = self.memo.continuations[key]
         return list(g), limit
 
-    def seed(self, prompts: Sequence[list[int]], continuations: Sequence[Continuation]) -> None:
+    def seed(
+        self,
+        prompts: Sequence[list[int]],
+        continuations: Sequence[Continuation],
+        rows: Sequence[TargetRows] | None = None,
+    ) -> None:
         """Hand the memo the prompts' g and stop computed earlier (a stored fixed part), so they are
-        not decoded again; a continuation the memo already holds must be the same."""
-        for prompt, (g, limit) in zip(prompts, continuations, strict=True):
+        not decoded again; a continuation the memo already holds must be the same. With ``rows``
+        (the same part's), the target's rows too: then no target forward runs for these prompts."""
+        if rows is not None and len(rows) != len(prompts):
+            raise ValueError(f"stored rows of {len(rows)} prompts for {len(prompts)} prompts")
+        for i, (prompt, (g, limit)) in enumerate(zip(prompts, continuations, strict=True)):
             key, value = (tuple(prompt), self._facts), (list(g), int(limit))
             if self.memo.continuations.setdefault(key, value) != value:
                 raise ValueError("a stored continuation differs from the one the memo holds")
+            if rows is not None:
+                text = (*prompt, *g)
+                self.memo.rows.setdefault(
+                    (tuple(prompt), text, self._facts), self._drafter(prompt, text, rows[i])
+                )
+
+    def _drafter(self, prompt: Sequence[int], text: Sequence[int], rows: TargetRows) -> NgramDrafter:
+        """The n-gram drafter Replayer.rows_and_check builds for ``text``, from its stored rows."""
+        tokens, logps = rows
+        if len(tokens) != len(text) - 1 or len(logps) != len(tokens):
+            raise ValueError(f"stored rows cover {len(tokens)} positions, the text needs {len(text) - 1}")
+        ngram = NgramDrafter.for_tree(self.config.tree)
+        ngram.cache = ReadLog(len(prompt))
+        ngram.cache.set_rows(0, [list(t) for t in tokens], [list(lp) for lp in logps])
+        return ngram
+
+    def rows_of(self, prompt: list[int], text: list[int]) -> TargetRows:
+        """The target's rows of ``text`` as the memo holds them (computed now if it does not), for
+        a stored part to hand to :meth:`seed`."""
+        key = (tuple(prompt), tuple(text), self._facts)
+        if key not in self.memo.rows:
+            self.memo.rows[key] = super().ngram_with_rows(prompt, text)
+        return drafter_rows(self.memo.rows[key], text)
 
     def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
         key = (tuple(prompt), tuple(text), self._facts)
@@ -163,6 +195,7 @@ class PricedCell:
     best_fixed: str  # bit string of the best fixed schedule in hindsight ("" when not replayed)
     continuations: tuple[Continuation, ...] = ()  # per prompt, the target's g and its stop
     prompts_sha256: str = ""  # of the prompts' token ids (:func:`prompts_digest`)
+    rows: tuple[TargetRows, ...] = ()  # per prompt, the target's rows of prompt + g
 
     def speedups(self, n_boot: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
         return {n: bootstrap_speedup(self.ar_ms, m.ms, n_boot, seed) for n, m in self.methods.items()}
@@ -215,6 +248,7 @@ def priced_cell(
     memo: TargetMemo | None = None,
     hindsight: bool = True,
     continuations: Sequence[Continuation] | None = None,
+    rows: Sequence[TargetRows] | None = None,
 ) -> PricedCell:
     """Replay the fixed schedules and every policy on every prompt; price them with the profile.
 
@@ -228,7 +262,8 @@ def priced_cell(
     fixed schedule is replayed: the policies' part of a cell (:func:`merge_parts`).
 
     ``continuations``: the prompts' g and stop from an earlier pricing of these prompts with this
-    target (a stored fixed part's), taken instead of decoding them again.
+    target (a stored fixed part's), taken instead of decoding them again; ``rows``: that part's
+    target rows too, so that no target forward runs (the cell is the same either way).
     """
     depth = config.tree.depth
     named = _fixed_schedules(fixed, depth)
@@ -238,7 +273,9 @@ def priced_cell(
         schedules = list(dict.fromkeys(p.bits for p in named.values()))
     replayer = MemoReplayer(pair, config, schedules, TargetMemo() if memo is None else memo, profile=profile)
     if continuations is not None:
-        replayer.seed(prompts, continuations)
+        replayer.seed(prompts, continuations, rows)
+    elif rows is not None:
+        raise ValueError("stored rows come with their continuations")
     per_schedule: list[list[Replayed]] = [[] for _ in schedules]
     per_policy: dict[str, list[Replayed]] = {n: [] for n in policies}
     ar_ms, tokens = [], []
@@ -246,10 +283,11 @@ def priced_cell(
     if len(runtimes) != len(prompts):
         raise ValueError(f"{len(runtimes)} runtime contexts for {len(prompts)} prompts")
     replayer.warm(prompts)
-    gs = []
+    gs, target_rows = [], []
     for prompt, rt in zip(prompts, runtimes, strict=True):
         inputs = replayer.inputs(prompt)
         gs.append((tuple(inputs.text[len(prompt) :]), inputs.limit))
+        target_rows.append(replayer.rows_of(prompt, inputs.text))
         steps = StepMemo()  # this prompt's drafting steps, shared by its policies
         if schedules:
             rep = replayer.replay_prompt(prompt, inputs)
@@ -282,7 +320,9 @@ def priced_cell(
         best_fixed = all_fixed[best].schedule
     methods |= {n: _priced(n, "", per_policy[n], profile, True) for n in policies}
     ar, n_tokens = np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float)
-    return PricedCell(ar, n_tokens, methods, best_fixed, tuple(gs), prompts_digest(prompts))
+    return PricedCell(
+        ar, n_tokens, methods, best_fixed, tuple(gs), prompts_digest(prompts), tuple(target_rows)
+    )
 
 
 ENDPOINTS = ("all-small", "all-mid")

@@ -16,11 +16,16 @@ from collectors.collect.plan import load_registered_pair, pair_tree, profile_for
 from collectors.collect.pool import Task, pool_device, run_tasks
 from collectors.collect.records import runtime_for
 from collectors.collect.report import ReportSpec
-from collectors.evaluation.priced_eval import PricedCell, TargetMemo, merge_parts, priced_cell, prompts_digest
+from collectors.evaluation.priced_eval import (
+    Cell,
+    PricedCell,
+    TargetMemo,
+    merge_parts,
+    priced_cell,
+    prompts_digest,
+)
 from config.params import Params
 from decoder.config import DecodeConfig
-
-Cell = tuple[str, str]  # (pair_id, dataset_id)
 
 
 def cell_inputs(
@@ -75,7 +80,8 @@ def priced_group(
     """The priced cells of pairs sharing one target on one dataset, with one TargetMemo
     (``hindsight``: as in collectors.evaluation.priced_eval.priced_cell). With ``fixed_parts`` (each
     cell's fixed schedules priced earlier, as the evaluate_fixed stage stores them), only the
-    policies are replayed, from the stored continuations, and each cell is merged with its part."""
+    policies are replayed, from the stored continuations and target rows, and each cell is merged
+    with its part."""
     start, n = (None, params.evaluate.prompts_per_cell) if prompts_range is None else prompts_range
     memo, out = TargetMemo(), []
     for pair_id, dataset in cells:
@@ -92,7 +98,10 @@ def priced_group(
                 f"{pair_id}/{dataset}: the stored fixed part was priced on other prompts; "
                 "rerun the evaluate_fixed stage"
             )
-        learned = priced_cell(*args, memo=memo, hindsight=False, continuations=part.continuations)
+        stored = part.rows or None
+        learned = priced_cell(
+            *args, memo=memo, hindsight=False, continuations=part.continuations, rows=stored
+        )
         out.append(merge_parts(part, learned))
     return out
 
