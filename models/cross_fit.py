@@ -105,7 +105,7 @@ Chooser = Callable[[np.ndarray, np.ndarray, Mapping[int, FittedStudent]], float]
 # fit_student's arguments: (z, margin, the rows to train on, spec)
 FitJob = tuple[np.ndarray, np.ndarray, np.ndarray, StudentSpec]
 # Fits a batch of jobs, results in job order, each exactly what fit_student gives (seeded,
-# single-threaded): in this process (fit_serially) or in worker processes (models.fit_pool).
+# single-threaded): in this process (fit_serially) or in worker processes (pool_fitter).
 Fitter = Callable[[Sequence[FitJob]], list[FittedStudent]]
 
 
