@@ -1,9 +1,11 @@
-"""The collectors' three tables, declared once. Units in names, keys end in _id, flags in is_.
+"""The collectors' four tables, declared once. Units in names, keys end in _id, flags in is_.
 
 Each spec carries its value contract (features/contracts.py), derived from how collectors/collect/records.py
 and collectors/collect/report.py build the rows: per report, 2^D trajectories (one per schedule), 2^D x D
 action rows (one per schedule and step k = 1..D) and 2^D round rows per visited round start; a row's
-schedule id, step, flags and bit strings agree; costs, counts and latencies are non-negative.
+schedule id, step, flags and bit strings agree; costs, counts and latencies are non-negative. And
+per report, in replay mode, the target's greedy continuation of each prompt (one row a prompt; none
+in execute mode), which later stages take instead of decoding it again.
 """
 
 from __future__ import annotations
@@ -109,6 +111,28 @@ def _trajectory_contract() -> Contract:
         ),
     )
 
+
+CONTINUATIONS_VERSION = "v1"
+
+CONTINUATIONS = TableSpec(
+    "continuations",
+    CONTINUATIONS_VERSION,
+    (
+        *_KEYS,
+        ("prompt_id", pa.int32()),
+        ("prompt_sha256", pa.string()),  # of the prompt's token ids (collectors.collect.report.prompt_digest)
+        ("tokens", pa.list_(pa.int32())),  # g: greedy, past EOS, max_new_tokens plus the replay's margin
+        ("stop", pa.int32()),  # tokens of g decoding emits: through its first EOS, at most max_new_tokens
+    ),
+    Contract(
+        key=("report_id", "prompt_id"),
+        rules=(
+            *non_negative("prompt_id"),
+            *positive("stop"),
+            Rule("stop", "<= len(tokens)", pl.col("stop") <= pl.col("tokens").list.len()),
+        ),
+    ),
+)
 
 TRAJECTORIES = TableSpec(
     "trajectories",

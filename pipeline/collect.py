@@ -3,7 +3,8 @@
 Writes ``collect.out_dir/reports/<report_id>/`` (atomic per report, with its resume inputs in its
 manifest; a rerun reuses a finished report only if everything that shapes it is unchanged, and
 recollects a mismatched or corrupt one with a warning naming the file), then the merged
-``trajectories.parquet``, ``actions.parquet``, ``rounds.parquet`` (reports in plan order),
+``trajectories.parquet``, ``actions.parquet``, ``rounds.parquet``, ``continuations.parquet`` (each
+prompt's greedy continuation, which evaluate_graft's budget choice reads; reports in plan order),
 ``tables.json`` (their sha256, which every later read verifies: features/tables.py),
 ``summary.md`` (best schedule per report vs All-Small and All-Mid) and ``metrics.json``. The local
 backend collects in ``collect.workers`` processes (collectors/collect/pool.py), each report written by the

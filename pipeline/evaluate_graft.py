@@ -36,9 +36,11 @@ Every row's rounds on every prompt come from the exact walks of the prompt's out
 (collectors/graft/walk.py, BudgetWalker: by marginals and TDES-ranked, at a fixed B or under a
 rule), the target's greedy continuation, checked by one teacher-forced forward (lossless_gate): on
 the wall-clock prompts DDTree's output at the fixed B; elsewhere the continuation the evaluate_fixed
-stage stored for the same cell and prompts (``<evaluate.out_dir>/fixed/fixed.json``), and where it
-has none, and on the collect prompts the budget choice reads, batched greedy decoding's
-(decoder/batch_greedy.py), a prompt whose batched output the gate rejects being decoded alone. On
+stage stored for the same cell and prompts (``<evaluate.out_dir>/fixed/fixed.json``); on the
+collect prompts the budget choice reads, the one the collect stage stored for the same pair and
+prompt (``<collect.out_dir>/continuations.parquet``); and where neither has one, batched greedy
+decoding's (decoder/batch_greedy.py), a prompt whose batched output the gate rejects being decoded
+alone. Each is cut to ``graft_eval.max_new_tokens`` and its first EOS. On
 the first ``graft_eval.wall_prompts_per_cell`` prompts of a cell every row is also decoded for real
 (identical configurations once), back to back with autoregressive decoding (the wall-clock
 table): the stage fails if an output differs from the target's greedy continuation or a decode's
@@ -67,7 +69,7 @@ from collectors.collect.plan import (
     profile_path,
     report_questions,
 )
-from collectors.collect.report import ReportSpec
+from collectors.collect.report import ReportSpec, prompt_digest, read_continuations
 from collectors.evaluation.fixed_cells import fixed_path, read_fixed
 from collectors.evaluation.priced_eval import Cell, PricedCell, prompts_digest
 from collectors.graft.budget import (
@@ -145,6 +147,32 @@ def validate(params: Params) -> None:
                 raise ValueError(f"{path}: missing (run the profile and fit_edges stages)")
 
 
+def cut_outputs(gs: Sequence[Sequence[int]], n: int, eos: Sequence[int]) -> list[list[int]] | None:
+    """Each continuation's first ``n`` tokens, ending after its first EOS: the greedy output a
+    decode of ``n`` new tokens emits; None if one is shorter than ``n``."""
+    if any(len(g) < n for g in gs):
+        return None
+    stop, outputs = set(eos), []
+    for g in gs:
+        out = [int(t) for t in g[:n]]
+        end = next((i + 1 for i, t in enumerate(out) if t in stop), n)
+        outputs.append(out[:end])
+    return outputs
+
+
+def collected_outputs(
+    params: Params, collected: Mapping[tuple[str, str], Sequence[int]], pair_id: str,
+    prompts: Sequence[list[int]], eos: Sequence[int],
+) -> list[list[int]] | None:  # fmt: skip
+    """The target's greedy output of each prompt (as :func:`stored_outputs`), cut from the
+    continuations the collect stage stored for the same pair and prompts (``collected``:
+    collectors.collect.report.read_continuations); None unless it holds one for every prompt."""
+    gs = [collected.get((pair_id, prompt_digest(p))) for p in prompts]
+    if any(g is None for g in gs):
+        return None
+    return cut_outputs(gs, params.graft_eval.max_new_tokens, eos)  # type: ignore[arg-type]
+
+
 def stored_outputs(
     params: Params,
     parts: Mapping[Cell, PricedCell],
@@ -159,23 +187,17 @@ def stored_outputs(
     part = parts.get(cell)
     if part is None or part.prompts_sha256 != prompts_digest(prompts):
         return None
-    n, stop = params.graft_eval.max_new_tokens, set(eos)
-    outputs = []
-    for g, _ in part.continuations:
-        if len(g) < n:
-            return None
-        out = list(g[:n])
-        end = next((i + 1 for i, t in enumerate(out) if t in stop), n)
-        outputs.append(out[:end])
-    return outputs
+    return cut_outputs([g for g, _ in part.continuations], params.graft_eval.max_new_tokens, eos)
 
 
 def evaluate_pair(
-    params: Params, pair_id: str, drafter_id: str, parts: Mapping[Cell, PricedCell]
-) -> tuple[list[dict], GraftCosts, dict]:
+    params: Params, pair_id: str, drafter_id: str, parts: Mapping[Cell, PricedCell],
+    collected: Mapping[tuple[str, str], Sequence[int]] | None = None,
+) -> tuple[list[dict], GraftCosts, dict]:  # fmt: skip
     """Every cell of one pair; returns (cells, measured costs, pair summary). ``parts``: the
     evaluate_fixed stage's cells, whose stored continuations give the outputs of the prompts that
-    are not decoded for real (else they are decoded in a batch)."""
+    are not decoded for real; ``collected``: the collect stage's continuations, those of the budget
+    choice's prompts (else either is decoded in a batch)."""
     cfg, edges, ev = params.graft_eval, params.edges, params.evaluate
     t0 = time.perf_counter()
     pair = load_registered_pair(params, pair_id)
@@ -192,7 +214,7 @@ def evaluate_pair(
     costs = measure_costs(pair, pair_id, drafter, scorer, profile, context, edges.topk, cfg.cost_sizes,
                           cfg.warmup, cfg.repeats, cfg.passes)  # fmt: skip
     b, b_max = edges.budget, cfg.budget_max
-    choice, rules, task_arms = choose_budgets(params, pair, pair_id, drafter, scorer, costs)
+    choice, rules, task_arms = choose_budgets(params, pair, pair_id, drafter, scorer, costs, collected)
     # key -> (budget, TDES, per-round rule)
     arms: dict[str, Arm] = {
         "ddtree": (b, False, None), "tdes": (b, True, None), "saba": (costs.saba(b_max, False), False, None),
@@ -308,17 +330,24 @@ def choose_budgets(
     drafter: BlockProposer,
     scorer: EdgeScorer,
     costs: GraftCosts,
+    collected: Mapping[tuple[str, str], Sequence[int]] | None = None,
 ) -> tuple[dict, dict[str, BlockBudgetRule], dict[str, Arm]]:
     """B_learned and the per-round rule, by marginals ("plain") and by TDES ("tdes"), from the
     collect prompts only (module docstring, rows 5 to 7): (summary, rules, each fitting task's own
-    arm, for full GRAFT where the summary's ``per_task.use`` says so)."""
+    arm, for full GRAFT where the summary's ``per_task.use`` says so). ``collected``: the collect
+    stage's continuations, which give the prompts' outputs where they hold them all."""
     cfg, edges = params.graft_eval, params.edges
     t0 = time.perf_counter()
-    groups = []
+    groups, reused = [], 0
     specs = choice_specs(params, pair_id)
     for spec in tqdm(specs, desc=f"evaluate_graft {pair_id} (budget choice)", unit="dataset"):
         prompts = report_questions(params, spec, pair.tokenizer)[1]
-        outputs = greedy_batch(pair.target, prompts, cfg.max_new_tokens, pair.vocab_size, pair.eos_token_ids)
+        outputs = collected_outputs(params, collected or {}, pair_id, prompts, pair.eos_token_ids)
+        reused += outputs is not None
+        if outputs is None:
+            outputs = greedy_batch(
+                pair.target, prompts, cfg.max_new_tokens, pair.vocab_size, pair.eos_token_ids
+            )
         groups.append([walk_choice_prompt(pair, drafter, scorer, prompt, edges.budget, cfg.budget_max,
                                           edges.topk, cfg.max_new_tokens, output)
                        for prompt, output in zip(prompts, outputs, strict=True)])  # fmt: skip
@@ -350,6 +379,7 @@ def choose_budgets(
         by_task, pooled = left_out_speedups(tasks, costs.ar_token_ms)
         out["per_task"].update(left_out_speedup=by_task, left_out_speedup_pooled=pooled, use=by_task > pooled)
     out["prompts"] = len(walks)
+    out["datasets_from_collected_continuations"] = reused  # of collect, instead of a batched decode
     out["questions"] = {s.dataset_id: [s.prompt_start, s.prompt_stop] for s in specs}
     out["seconds"] = time.perf_counter() - t0
     log.info("%s: learned budgets %s", pair_id, out)
@@ -416,8 +446,10 @@ def main(params: Params) -> dict:
         ev = params.evaluate
         stored = [(p, d) for p in params.edges.pairs if p in ev.pairs for d in ev.datasets]
         parts = read_fixed(fixed_path(resolve(ev.out_dir)), stored)[0] if stored else {}
+        collected = read_continuations(resolve(params.collect.out_dir) / "continuations.parquet")
         for pair_id, drafter_id in zip(params.edges.pairs, params.edges.drafters, strict=True):
-            pair_cells, costs[pair_id], pairs[pair_id] = evaluate_pair(params, pair_id, drafter_id, parts)
+            pair_cells, costs[pair_id], pairs[pair_id] = evaluate_pair(params, pair_id, drafter_id, parts,
+                                                                       collected)  # fmt: skip
             cells += pair_cells
         table = markdown(cells) + "\n" + markdown_wall(cells)
         metrics = {**checks(cells, pairs), "pairs": pairs, "seconds": time.perf_counter() - t0}

@@ -17,7 +17,7 @@ QUESTIONS = [
     "Summarize the module below in two sentences.",
     "Write a docstring for the following class.",
 ]
-TABLES = ("trajectories", "actions", "rounds")
+TABLES = ("trajectories", "actions", "rounds", "continuations")
 
 
 def write_questions(root: Path) -> list[str]:

@@ -105,7 +105,7 @@ def finished(workspace) -> tuple[Params, dict]:
 def test_collect_stage_rows_summary_and_second_run_resumes(finished):
     params, metrics = finished
     out = Path(params.collect.out_dir)
-    from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
+    from features.collect_schemas import CONTINUATIONS, TRAJECTORIES, actions_spec, rounds_spec
     from features.tables import read_table
 
     traj = read_table(out / "trajectories.parquet", TRAJECTORIES)
@@ -128,6 +128,23 @@ def test_collect_stage_rows_summary_and_second_run_resumes(finished):
     assert (firsts["start_position"] == firsts["prompt_tokens"] + 1).all()
     assert (firsts["mid_lag"] == firsts["prompt_tokens"]).all()
     assert metrics["n_reports"] == 2 and (out / "summary.md").read_text().count("| tiny__") == 2
+    # each prompt's g: the target's own greedy tokens (past EOS), its stop at the first EOS within
+    # max_new_tokens; what evaluate_graft's budget choice reads in place of a batched decode
+    from collectors.collect.plan import load_registered_pair, plan_reports, report_prompts
+    from collectors.collect.report import prompt_digest, read_continuations
+    from decoder.batch_greedy import greedy_batch
+
+    pair = load_registered_pair(params, "tiny")
+    collected = read_continuations(out / "continuations.parquet")
+    stops = read_table(out / "continuations.parquet", CONTINUATIONS).column("stop").to_pylist()
+    assert len(collected) == len(stops) == 2 * params.collect.prompts_per_report
+    n = params.collect.max_new_tokens
+    for spec in plan_reports(params).reports:
+        prompts = report_prompts(params, spec, pair.tokenizer)
+        for prompt, g in zip(prompts, greedy_batch(pair.target, prompts, n, pair.vocab_size), strict=True):
+            stored = collected["tiny", prompt_digest(prompt)]
+            assert len(stored) > n and stored[:n] == g
+    assert all(1 <= s <= n for s in stops)
     stamps = report_stamps(params)
     before = merged_bytes(params)
     run_collect(params)
@@ -141,7 +158,7 @@ def test_interrupt_between_reports_resumes_with_only_the_unfinished_one(workspac
     written: list[Path] = []
 
     def dying_write(path, spec, table):
-        if len(written) == 4:  # the first report is in place, the second half-written: interrupt
+        if len(written) == len(report.TABLE_NAMES) + 1:  # the first report in place, the second begun
             raise KeyboardInterrupt
         real_write(path, spec, table)
         written.append(path)

@@ -16,7 +16,8 @@ from markdown_rows import md_tables
 from test_edges import tiny_edges_params, workspace  # noqa: F401  (the module fixture)
 from test_lossless import EOS, prompts, reference
 
-from collectors.collect.plan import load_registered_pair
+from collectors.collect.plan import load_registered_pair, report_questions
+from collectors.collect.report import prompt_digest
 from collectors.evaluation.priced_eval import PricedCell, prompts_digest
 from collectors.graft.budget import (
     ChoiceWalks,
@@ -30,6 +31,7 @@ from collectors.graft.costs import GraftCosts, measure_costs
 from collectors.graft.edges import RecordingProposer, tree_match
 from collectors.graft.walk import BudgetWalker, Round, decode_arm, lossless_gate
 from config.params import Params
+from decoder.batch_greedy import greedy_batch
 from decoder.block_drafter import BlockDrafter, BlockDrafterConfig, BlockDrafterNet, load_block_drafter
 from decoder.block_proposers import CausalLMProposer
 from decoder.config import BlockConfig, DecodeConfig
@@ -292,10 +294,10 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
     assert set(metrics["priced_over_wall"]) == set(cells[0]["wall"])
 
 
-def choose_on_workspace(root: Path, params: Params) -> tuple[dict, dict, dict]:
+def choose_on_workspace(root: Path, params: Params, collected: dict | None = None) -> tuple[dict, dict, dict]:
     """evaluate_graft.choose_budgets on the tiny workspace (TDES fitted first where it is not yet),
     priced by a verification cost that grows with the tree, so neither the largest nor the smallest
-    B wins by default."""
+    B wins by default; ``collected``: the collect stage's continuations, as it reads them."""
     if not (root / "fit" / "scorers" / "tiny").exists():
         collect_edges.main(stage_params("collect_edges", params))
         fit_edges.main(stage_params("fit_edges", params))
@@ -304,7 +306,7 @@ def choose_on_workspace(root: Path, params: Params) -> tuple[dict, dict, dict]:
     scorer, _ = load_edge_scorer(root / "fit" / "scorers" / "tiny", vocab_size=pair.vocab_size,
                                  k=drafter.k)  # fmt: skip
     costs = priced_costs(((1, 1.0), (8, 1.5), (21, 4.0)))
-    return evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs)
+    return evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs, collected)
 
 
 def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None:  # noqa: F811
@@ -361,3 +363,58 @@ def test_stored_continuations_give_the_outputs_cut_at_the_first_eos(workspace) -
     assert evaluate_graft.stored_outputs(params, parts, ("tiny", "code"), prompts[:1], [0]) is None
     short = {("tiny", "code"): replace(part, continuations=(((1, 2), 2), ((3, 4), 2)))}
     assert evaluate_graft.stored_outputs(params, short, ("tiny", "code"), prompts, [0]) is None
+
+
+def test_collected_continuations_give_the_outputs_cut_at_the_first_eos(workspace) -> None:  # noqa: F811
+    params = tiny_edges_params(workspace, extra={"graft_eval": {"max_new_tokens": 4}})
+    prompts = [[5, 6, 7], [8, 9]]
+    collected = {
+        ("tiny", prompt_digest(p)): g
+        for p, g in zip(prompts, ([1, 2, 3, 4, 5, 6], [1, 0, 3, 0, 9]), strict=True)
+    }
+    outputs = evaluate_graft.collected_outputs
+    assert outputs(params, collected, "tiny", prompts, [0]) == [[1, 2, 3, 4], [1, 0]]
+    # another pair's, a prompt it lacks, or one too short: nothing (the stage then decodes them)
+    assert outputs(params, collected, "other", prompts, [0]) is None
+    assert outputs(params, collected, "tiny", [prompts[0], [8]], [0]) is None
+    assert outputs(params, {k: g[:3] for k, g in collected.items()}, "tiny", prompts, [0]) is None
+
+
+def test_the_budget_choice_reads_collected_continuations_and_gates_them(workspace, monkeypatch) -> None:  # noqa: F811
+    """With the collect stage's continuations of every choice prompt, the budget choice decodes
+    nothing in a batch and chooses what it chose from the batch; a wrong stored continuation is
+    caught by the lossless gate (that prompt decoded alone), so the choice stays the same."""
+    graft = {
+        "out_dir": str(workspace / "graft"),
+        "max_new_tokens": 10,
+        "budget_max": 20,
+        "rule_caps": [4, 20],
+    }
+    held_back = {"datasets": ["code", "chat"], "held_out_datasets": [], "prompt_start": 2}
+    params = tiny_edges_params(workspace, extra={"graft_eval": graft, "evaluate": held_back})
+    want = choose_on_workspace(workspace, params)
+    pair = load_registered_pair(params, "tiny")
+    collected = {}
+    for spec in choice_specs(params, "tiny"):
+        prompts = report_questions(params, spec, pair.tokenizer)[1]
+        for prompt, g in zip(prompts, greedy_batch(pair.target, prompts, 16, pair.vocab_size), strict=True):
+            collected["tiny", prompt_digest(prompt)] = g  # past EOS and past max_new_tokens, as collect's
+    assert len(collected) == 4
+
+    def no_batch(*args, **kwargs):
+        raise AssertionError("the budget choice decoded a batch it had stored")
+
+    monkeypatch.setattr(evaluate_graft, "greedy_batch", no_batch)
+    got = choose_on_workspace(workspace, params, collected)
+    assert got[0]["datasets_from_collected_continuations"] == 2
+
+    def same(a, b) -> bool:
+        drop = ("seconds", "datasets_from_collected_continuations")
+        return ({k: v for k, v in a[0].items() if k not in drop}, a[1], a[2]) == (
+            {k: v for k, v in b[0].items() if k not in drop}, b[1], b[2]
+        )  # fmt: skip
+
+    assert same(got, want)
+    key = next(iter(collected))
+    wrong = {**collected, key: [t + 1 for t in collected[key]]}
+    assert same(choose_on_workspace(workspace, params, wrong), want)

@@ -14,7 +14,7 @@ from collect_workspace import write_questions
 from conftest import save_pair, train_tokenizer
 from ray import cluster_utils
 
-from collectors.collect import ray_backend
+from collectors.collect import ray_backend, report
 from collectors.collect.ray_backend import connect, disconnect, read_folder, write_folder
 from collectors.collect.report import write_report
 from config.params import RayParams, load_params
@@ -98,7 +98,8 @@ def test_ray_on_a_two_node_cluster_writes_the_local_backends_files(workspace, cl
     assert not ray.is_initialized()  # the backend disconnects what it connected
     assert sorted(written) == sorted(f"{p}__{d}__0-2" for p in PAIRS for d in ("code", "chat"))
     a, b = files(Path(local.collect.out_dir)), files(Path(remote.collect.out_dir))
-    assert len(a) == 3 + 3 * len(PAIRS) * 2 and sorted(a) == sorted(b)
+    n = len(report.TABLE_NAMES)  # merged, and per report
+    assert len(a) == n + n * len(PAIRS) * 2 and sorted(a) == sorted(b)
     assert all(a[name] == b[name] for name in a), [n for n in a if a[n] != b[n]]
     assert got == want and want["n_reports"] == 4
     summary = (Path(remote.collect.out_dir) / "summary.md").read_text()

@@ -128,7 +128,6 @@ class WorkerPool:
     shuts the workers down."""
 
     def __init__(self, workers: int, threads: int, keep_freed: bool = True, device: str = "cpu") -> None:
-        self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
         if workers > 1:
             ctx = multiprocessing.get_context("spawn")

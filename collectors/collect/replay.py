@@ -337,6 +337,20 @@ class Replayer:
 TargetRows = tuple[tuple[tuple[int, ...], ...], tuple[tuple[float, ...], ...]]
 
 
+def drafter_from_rows(
+    tree: TreeConfig, prompt: Sequence[int], text: Sequence[int], rows: TargetRows
+) -> NgramDrafter:
+    """The n-gram drafter :meth:`Replayer.rows_and_check` builds for ``text``, from its stored rows
+    (:func:`drafter_rows`)."""
+    tokens, logps = rows
+    if len(tokens) != len(text) - 1 or len(logps) != len(tokens):
+        raise ValueError(f"stored rows cover {len(tokens)} positions, the text needs {len(text) - 1}")
+    ngram = NgramDrafter.for_tree(tree)
+    ngram.cache = ReadLog(len(prompt))
+    ngram.cache.set_rows(0, [list(t) for t in tokens], [list(lp) for lp in logps])
+    return ngram
+
+
 def drafter_rows(ngram: NgramDrafter, text: Sequence[int]) -> TargetRows:
     """The rows a replay's n-gram drafter holds for ``text``: one per position but the last."""
     entries = ngram.cache.entries

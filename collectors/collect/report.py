@@ -35,12 +35,12 @@ from decoder.json_manifest import read_json_object
 from decoder.latency import LatencyProfile, RoundCounts, price_round
 from decoder.models import ModelPair
 from decoder.policies import schedule_bits
-from features.collect_schemas import MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
+from features.collect_schemas import CONTINUATIONS, MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
 from features.tables import SchemaError, TableSpec, read_table, to_table, write_table
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
-TABLE_NAMES = ("trajectories", "actions", "rounds")
+TABLE_NAMES = ("trajectories", "actions", "rounds", "continuations")
 
 
 class ReportError(ValueError):
@@ -68,12 +68,30 @@ class ReportTables:
     trajectories: pa.Table
     actions: pa.Table
     rounds: pa.Table
+    continuations: pa.Table  # replay mode: each prompt's g (execute mode: no rows)
+
+
+def prompt_digest(prompt: list[int]) -> str:
+    """sha256 of one prompt's token ids: what a continuation row is keyed by for a later reader."""
+    return hashlib.sha256(json.dumps([int(t) for t in prompt]).encode()).hexdigest()
+
+
+def read_continuations(path: Path) -> dict[tuple[str, str], list[int]]:
+    """The collect stage's merged ``continuations.parquet`` (checked against its digest in
+    ``tables.json``): (pair id, prompt digest) -> the target's g for that prompt; {} without the
+    file."""
+    if not path.is_file():
+        return {}
+    table = read_table(path, CONTINUATIONS)
+    pairs, digests, tokens = (table.column(c).to_pylist() for c in ("pair_id", "prompt_sha256", "tokens"))
+    return {(p, d): g for p, d, g in zip(pairs, digests, tokens, strict=True)}
 
 
 def specs_for(depth: int) -> dict[str, TableSpec]:
     if not 1 <= depth <= MAX_DEPTH:
         raise ValueError(f"depth D={depth} is not supported: schedule ids encode 1 <= D <= {MAX_DEPTH}")
-    return {"trajectories": TRAJECTORIES, "actions": actions_spec(depth), "rounds": rounds_spec(depth)}
+    return {"trajectories": TRAJECTORIES, "actions": actions_spec(depth), "rounds": rounds_spec(depth),
+            "continuations": CONTINUATIONS}  # fmt: skip
 
 
 def collect_report(
@@ -86,7 +104,8 @@ def collect_report(
     progress: bool = True,
     round_table_stride: int = 1,
 ) -> ReportTables:
-    """Run all 2^D schedules on the report's prompts and build its three tables."""
+    """Run all 2^D schedules on the report's prompts and build its tables (in replay mode with each
+    prompt's greedy continuation g, which the replay computes anyway)."""
     if mode not in COLLECT_MODES:
         raise ValueError(f"mode must be one of {COLLECT_MODES}, got {mode!r}")
     depth = config.tree.depth
@@ -96,6 +115,7 @@ def collect_report(
     tokens: dict[int, list[int]] = {s: [] for s in per_schedule}  # per prompt
     n_rounds: dict[int, list[int]] = {s: [] for s in per_schedule}  # per prompt
     round_rows: list[dict] = []
+    continuations: list[dict] = []
     bar = tqdm(
         total=len(prompts) * (len(schedules) if mode == "execute" else 1),
         disable=not progress,
@@ -107,7 +127,12 @@ def collect_report(
         replayer = Replayer(pair, config, schedules, round_table_stride, profile)
         replayer.warm(prompts)
         for p_id, prompt in enumerate(prompts):
-            rep = replayer.replay_prompt(prompt)
+            inputs = replayer.inputs(prompt)
+            rep = replayer.replay_prompt(prompt, inputs)
+            continuations.append({
+                **spec.key.as_row(), "prompt_id": p_id, "prompt_sha256": prompt_digest(prompt),
+                "tokens": inputs.text[len(prompt):], "stop": inputs.limit,
+            })  # fmt: skip
             for s in per_schedule:
                 per_schedule[s] += rep.rounds[s]
                 tokens[s].append(rep.n_tokens[s])
@@ -136,6 +161,7 @@ def collect_report(
         to_table(specs["trajectories"], traj),
         to_table(specs["actions"], actions),
         to_table(specs["rounds"], round_rows),
+        to_table(specs["continuations"], continuations),
     )
 
 
@@ -287,7 +313,7 @@ def check_report(folder: Path, inputs: Mapping[str, object]) -> None:
 
 
 def read_report(folder: Path, depth: int, inputs: Mapping[str, object]) -> ReportTables:
-    """A checked report's three tables (see `check_report`); errors name the file."""
+    """A checked report's tables (see `check_report`); errors name the file."""
     check_report(folder, inputs)
     specs = specs_for(depth)
     tables = {}

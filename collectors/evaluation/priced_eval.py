@@ -31,7 +31,7 @@ import numpy as np
 
 from collectors.collect.policy_replay import StepMemo, replay_policy
 from collectors.collect.records import RoundRecord, bits_text
-from collectors.collect.replay import ReadLog, Replayer, TargetRows, drafter_rows
+from collectors.collect.replay import Replayer, TargetRows, drafter_from_rows, drafter_rows
 from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
 from decoder.config import DecodeConfig
 from decoder.latency import LatencyProfile, price_ar, price_round
@@ -159,32 +159,25 @@ class MemoReplayer(Replayer):
             if rows is not None:
                 text = (*prompt, *g)
                 self.memo.rows.setdefault(
-                    (tuple(prompt), text, self._facts), self._drafter(prompt, text, rows[i])
+                    (tuple(prompt), text, self._facts),
+                    drafter_from_rows(self.config.tree, prompt, text, rows[i]),
                 )
 
-    def _drafter(self, prompt: Sequence[int], text: Sequence[int], rows: TargetRows) -> NgramDrafter:
-        """The n-gram drafter Replayer.rows_and_check builds for ``text``, from its stored rows."""
-        tokens, logps = rows
-        if len(tokens) != len(text) - 1 or len(logps) != len(tokens):
-            raise ValueError(f"stored rows cover {len(tokens)} positions, the text needs {len(text) - 1}")
-        ngram = NgramDrafter.for_tree(self.config.tree)
-        ngram.cache = ReadLog(len(prompt))
-        ngram.cache.set_rows(0, [list(t) for t in tokens], [list(lp) for lp in logps])
-        return ngram
+    def _memo_drafter(self, prompt: list[int], text: list[int]) -> NgramDrafter:
+        """The memo's drafter with the target's rows of ``text`` (computed now if it holds none);
+        the memo's own object, not a copy."""
+        key = (tuple(prompt), tuple(text), self._facts)
+        if key not in self.memo.rows:
+            self.memo.rows[key] = super().ngram_with_rows(prompt, text)
+        return self.memo.rows[key]
 
     def rows_of(self, prompt: list[int], text: list[int]) -> TargetRows:
-        """The target's rows of ``text`` as the memo holds them (computed now if it does not), for
-        a stored part to hand to :meth:`seed`."""
-        key = (tuple(prompt), tuple(text), self._facts)
-        if key not in self.memo.rows:
-            self.memo.rows[key] = super().ngram_with_rows(prompt, text)
-        return drafter_rows(self.memo.rows[key], text)
+        """The target's rows of ``text`` as the memo holds them, for a stored part to hand to
+        :meth:`seed`."""
+        return drafter_rows(self._memo_drafter(prompt, text), text)
 
     def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
-        key = (tuple(prompt), tuple(text), self._facts)
-        if key not in self.memo.rows:
-            self.memo.rows[key] = super().ngram_with_rows(prompt, text)
-        return copy.deepcopy(self.memo.rows[key])
+        return copy.deepcopy(self._memo_drafter(prompt, text))
 
 
 @dataclass(frozen=True)
@@ -287,7 +280,8 @@ def priced_cell(
     for prompt, rt in zip(prompts, runtimes, strict=True):
         inputs = replayer.inputs(prompt)
         gs.append((tuple(inputs.text[len(prompt) :]), inputs.limit))
-        target_rows.append(replayer.rows_of(prompt, inputs.text))
+        if continuations is None:  # a seeded pass's rows are its stored part's (merge_parts keeps them)
+            target_rows.append(replayer.rows_of(prompt, inputs.text))
         steps = StepMemo()  # this prompt's drafting steps, shared by its policies
         if schedules:
             rep = replayer.replay_prompt(prompt, inputs)
