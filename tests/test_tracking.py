@@ -266,3 +266,32 @@ def test_the_exported_scheduler_loads_back_as_a_model_that_predicts_the_numpy_st
     shipped = json.loads(next(local.rglob("scheduler.json")).read_text())
     assert shipped == json.loads(path.read_text())
     assert model.metadata.metadata["manifest_sha256"] == shipped["manifest_sha256"]
+
+
+def test_make_ui_logs_the_headline_of_a_pipeline_run_no_make_repro_closed(tmp_path, monkeypatch):
+    """A `dvc exp run`: its stages group under a parent they create, which no `end` closes; the
+    headline comes from `make ui` (pipeline/ui.py), again when a later stage adds to the run, and a
+    closed run's headline is left as it is."""
+    from pipeline import ui
+
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    params, repro = _params(tmp_path), _params(tmp_path, profile="base")  # another pipeline key
+    closed = start_pipeline(repro)
+    client, exp_id = open_store(params.mlflow)
+    child = client.create_run(exp_id, tags={"mlflow.parentRunId": closed}).info.run_id
+    client.log_metric(closed, "zoo/stage_seconds", 120.0)
+    assert end_pipeline(repro, closed, 0) and child
+    parent = _get(params, _run("canonicalize", params)).data.tags[PARENT_TAG]
+    assert parent != closed
+    assert not any(k.startswith("headline/") for k in _get(params, parent).data.metrics)
+    assert ui.fill_headlines(params) == [parent]
+    got = _get(params, parent).data.metrics
+    minutes = got["canonicalize/stage_seconds"] / 60
+    assert got["headline/minutes.canonicalize"] == minutes and got["headline/minutes.pipeline"] == minutes
+    assert ui.fill_headlines(params) == []  # nothing changed since
+    _run("margins", params)  # the experiment's next stage joins the same parent
+    assert ui.fill_headlines(params) == [parent]
+    got = _get(params, parent).data.metrics
+    total = (got["canonicalize/stage_seconds"] + got["margins/stage_seconds"]) / 60
+    assert got["headline/minutes.pipeline"] == pytest.approx(total)
+    assert _get(params, closed).data.metrics["headline/minutes.zoo"] == 2.0
