@@ -6,7 +6,8 @@ Usage:
         [--latency-profile PROFILE.json]                                     # a pair by local path
     [--questions question.jsonl] [--limit N] [--per-dataset 2] [--datasets alpaca sum ...]
     [--dtypes float32 bfloat16] [--policy all-small] [--budget 6 --width 2 --topk 2 --ngram-min-n 2]
-    [--switch-off] [--repeats 3] [--max-new-tokens 32] [--linear stock] [--out artifacts/bench/never_loses]
+    [--switch-off] [--repeats 3] [--order lockstep] [--max-new-tokens 32] [--linear stock]
+    [--out artifacts/bench/never_loses]
 
 Prompts: a Spec-Bench-format question.jsonl (--questions; category per question), or by default the
 project's own held-back prompts: the first --per-dataset questions of each dataset of
@@ -16,21 +17,24 @@ budgets.json has it; otherwise, and for a pair by path, --policy at the shape gi
 defaults are issue 51's B = 6, W x m = 2 x 2, n-gram matches >= 2). --switch-off wraps the policy
 in decoder.switch_off.SwitchOff, priced with the pair's latency profile (the profile stage's for a
 registered pair, --latency-profile for one by path).
-Per dtype the pair is loaded afresh and every prompt is decoded by AR, then by the policy, --repeats
-times interleaved, each keeping its median-time run (one shared warm-up first, wall clock only).
+Per dtype the pair is loaded afresh and every prompt is decoded by AR and by the policy --repeats
+times, each keeping its median-time run (one shared warm-up first, wall clock only). By default
+(--order lockstep) the two decode a prompt together, one round of each in turn, every round timed on
+its own (decoder.measure.run_lockstep), so a slow spell of this shared machine falls on both alike;
+--order sequential decodes AR, then the policy.
 Per prompt: the wall-time ratio AR / policy, the CPU-time ratio of the same runs (every thread of
 the process: work the policy does in other threads shows there; on a contended machine it moves
 with wall time, spinning threads burning CPU while they wait), A (accepted drafted tokens per
-round), the rounds
-verified / run as AR / switch-offs, the priced ratio when a profile is at hand, and whether the
-output is identical to AR's, a classified near-tie (bf16) or a real mismatch
+round), the rounds verified / run as AR / switch-offs, the priced ratio when a profile is at hand,
+and whether the output is identical to AR's, a classified near-tie (bf16) or a real mismatch
 (decoder.check_lossless, fp32 judge). Per dtype, for wall and CPU time: pooled ratio (tokens/s),
-minimum, prompts under 0.97x; and the process's RSS after loading and at its peak. Writes <out>.json, .md.
-With --repeats 2 or more, each prompt also gets a paired figure: the i-th AR and policy runs ran back
-to back, so their ratio cancels slow drift; the geometric mean of these per-run ratios and its 95%
-bootstrap interval over runs. A prompt is shown under the floor only when the whole interval is under
-0.97x, and shown at or above it when the whole interval is at or above; otherwise this machine's noise
-leaves it undecided at that many repeats.
+minimum, prompts under 0.97x; and the process's RSS after loading and at its peak. Writes
+<out>.json, .md. With --repeats 2 or more, each prompt also gets a paired figure, for wall and for
+CPU time: the i-th AR and policy runs ran together (or back to back), so their ratio cancels slow
+drift; the geometric mean of these per-run ratios and its 95% bootstrap interval over runs. A prompt
+is shown under the floor only when the whole interval is under 0.97x, and shown at or above it when
+the whole interval is at or above; otherwise this machine's noise leaves it undecided at that many
+repeats.
 """
 
 from __future__ import annotations
@@ -173,14 +177,16 @@ def geometric_mean_ratio(ar_s: np.ndarray, s: np.ndarray, axis: int = -1) -> np.
     return np.exp(np.log(ar_s / s).mean(axis=axis))
 
 
-def paired_runs(ar_runs: list[GenerationResult], runs: list[GenerationResult]) -> dict:
-    """A prompt's paired per-run ratio (AR run i / policy run i, run back to back): geometric
-    mean, its 95% bootstrap interval over runs, and where that interval lies against the floor."""
-    ar_s = np.array([r.wall_s for r in ar_runs])
-    s = np.array([r.wall_s for r in runs])
+def paired_runs(ar_runs: list[GenerationResult], runs: list[GenerationResult], clock: str = "wall") -> dict:
+    """A prompt's paired per-run ratio (AR run i / policy run i, run back to back) on ``clock``
+    ("wall": wall_s; "cpu": cpu_s, keys prefixed ``cpu_``): geometric mean, its 95% bootstrap
+    interval over runs, and where that interval lies against the floor."""
+    ar_s = np.array([getattr(r, f"{clock}_s") for r in ar_runs])
+    s = np.array([getattr(r, f"{clock}_s") for r in runs])
     point, low, high = paired_interval((ar_s, s), geometric_mean_ratio, N_BOOT, seed=0)
     verdict = "under" if high < FLOOR else ("at or above" if low >= FLOOR else "undecided")
-    return {"paired_ratio": point, "paired_low": low, "paired_high": high, "paired_floor": verdict}
+    row = {"paired_ratio": point, "paired_low": low, "paired_high": high, "paired_floor": verdict}
+    return {("cpu_" if clock == "cpu" else "") + k: v for k, v in row.items()}
 
 
 def prompt_row(q: Question, ar: GenerationResult, res: GenerationResult, verdict: str, pricer) -> dict:
@@ -221,6 +227,7 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
         timing=False,
         repeats=repeats,
         every_run=every_run,
+        lockstep=args.order == "lockstep",
     )
     ar, res = results[AR], results.get(POLICY, results[AR])
     ar_runs, runs = every_run[AR], every_run.get(POLICY, every_run[AR])
@@ -233,6 +240,7 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
     rows = [prompt_row(q, a, r, v, pricer) for q, a, r, v in zip(questions, ar, res, verdicts, strict=True)]
     for row, a, r in zip(rows, ar_runs, runs, strict=True):
         row.update(paired_runs(a, r))
+        row.update(paired_runs(a, r, "cpu"))
     ar_tps = sum(len(r.new_tokens) for r in ar) / sum(r.wall_s for r in ar)
     tps = sum(len(r.new_tokens) for r in res) / sum(r.wall_s for r in res)
     ratios = [row["ratio"] for row in rows]
@@ -246,9 +254,14 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
         "pooled_cpu_ratio": sum(r.cpu_s for r in ar) / sum(r.cpu_s for r in res),
         "min_cpu_ratio": min(cpu),
         "below_floor_cpu": sum(r < FLOOR for r in cpu),
-        "paired_floor": {
-            v: sum(row["paired_floor"] == v for row in rows) for v in ("under", "undecided", "at or above")
+        **{
+            f"{key}_floor": {
+                v: sum(row[f"{key}_floor"] == v for row in rows)
+                for v in ("under", "undecided", "at or above")
+            }
+            for key in ("paired", "cpu_paired")
         },
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "rss_loaded_gib": loaded,
         "rss_peak_gib": rss_gib()[1],
     }
@@ -263,7 +276,7 @@ def markdown(head: dict, infos: list[dict]) -> str:
         f"B = {head['budget']}, W x m = {head['width']} x {head['topk']}, "
         f"n-gram matches >= {head['ngram_min_n']}; "
         f"{head['n_prompts']} prompts, {head['max_new_tokens']} new tokens, {head['threads']} threads, "
-        f"median of {head['repeats']} interleaved runs per prompt.",
+        f"median of {head['repeats']} runs per prompt, AR and the policy run {head['order']}.",
     ]
     for info in infos:
         lines += [
@@ -274,11 +287,15 @@ def markdown(head: dict, infos: list[dict]) -> str:
             f"{info['below_floor_cpu']} prompt(s) under {FLOOR}x; "
             f"RSS {info['rss_loaded_gib']:.2f} GiB loaded, "
             f"{info['rss_peak_gib']:.2f} GiB peak (process so far). Paired runs against the {FLOOR}x "
-            "floor (95% interval): " + ", ".join(f"{n} {v}" for v, n in info["paired_floor"].items()) + ".",
+            "floor (95% interval), wall clock: "
+            + ", ".join(f"{n} {v}" for v, n in info["paired_floor"].items())
+            + "; CPU time: "
+            + ", ".join(f"{n} {v}" for v, n in info["cpu_paired_floor"].items())
+            + f" (OMP_WAIT_POLICY {info['omp_wait_policy']}).",
             "",
-            "| prompt | ratio (wall) | paired (95%) | ratio (CPU) | priced | A "
+            "| prompt | ratio (wall) | paired (95%) | ratio (CPU) | paired CPU (95%) | priced | A "
             "| verified / as AR / switch-offs | output |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in info["rows"]:
             priced = f"{r['priced_ratio']:.2f}x" if "priced_ratio" in r else "-"
@@ -286,6 +303,7 @@ def markdown(head: dict, infos: list[dict]) -> str:
                 f"| {r['category']} {r['question_id']} | {r['ratio']:.2f}x "
                 f"| {r['paired_ratio']:.2f}x [{r['paired_low']:.2f}, {r['paired_high']:.2f}] "
                 f"| {r['cpu_ratio']:.3f}x "
+                f"| {r['cpu_paired_ratio']:.3f}x [{r['cpu_paired_low']:.3f}, {r['cpu_paired_high']:.3f}] "
                 f"| {priced} | {r['accepted']:.2f} "
                 f"| {r['rounds_verified']} / {r['rounds_as_ar']} / {r['switch_offs']} | {r['output']} |"
             )
@@ -323,6 +341,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=3,
         help="interleaved AR/policy runs per prompt; each keeps its median-time run (default 3)",
+    )
+    p.add_argument(
+        "--order",
+        default="lockstep",
+        choices=["lockstep", "sequential"],
+        help="lockstep: AR and the policy decode a prompt together, one round of each in turn, each "
+        "round timed on its own (default); sequential: one whole decode after the other",
     )
     p.add_argument("--out", default="artifacts/bench/never_loses")
     args = p.parse_args(argv)
@@ -366,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_new_tokens": args.max_new_tokens,
         "threads": params.runtime.torch_threads,
         "repeats": args.repeats,
+        "order": args.order,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +64,8 @@ from decoder.tensors import causal_block, forward_block
 from decoder.timing import make_clock, no_clock, zero_times
 from decoder.tree import DraftTree
 from decoder.verify import SteppingVerifier, TargetVerifier, Verdict, Verifier, decode_one
+
+Steps = Generator[None, None, GenerationResult]  # a decode run piece by piece (generate_steps)
 
 
 def max_tree_depth(config: DecodeConfig) -> int:
@@ -169,6 +171,25 @@ def generate(
     `edge_scorer` (GRAFT's TDES) ranks the 'ddtree' tree by parent-aware edge scores.
     """
     cpu0 = time.process_time()
+    steps = generate_steps(pair, prompt_ids, policy, config, runtime, timing, proposer, edge_scorer)
+    return _with_cpu(drain(steps), cpu0)
+
+
+def generate_steps(
+    pair: ModelPair,
+    prompt_ids: list[int],
+    policy: str | Callable[[StepContext], bool],
+    config: DecodeConfig | None = None,
+    runtime: RuntimeContext | None = None,
+    timing: bool = True,
+    proposer: BlockProposer | None = None,
+    edge_scorer: EdgeScorer | None = None,
+) -> Steps:
+    """`generate` one piece at a time: a generator that yields after the prefill and after every
+    round (every token for AR; a 'ddtree' decode runs whole at the first step) and returns the
+    GenerationResult. Nothing runs, not even the prompt checks, before the first ``next``. The
+    result's wall_s spans its first step to its last, suspended time included, and its cpu_s is 0:
+    decoder.measure.run_lockstep interleaves decodes this way and times each step itself."""
     config = config or DecodeConfig()
     parsed = parse_policy(policy, config.tree.depth)
     start_generation(parsed)  # a scheduler's per-generation state (backoff) starts afresh
@@ -181,15 +202,24 @@ def generate(
             check_block_prompt(pair, prompt, config, proposer.k, pair.mid)
         else:
             check_block_prompt(pair, prompt, config, proposer.k)
-        return _with_cpu(ddtree_generate(pair, prompt, proposer, config, timing, edge_scorer), cpu0)
+        return ddtree_generate(pair, prompt, proposer, config, timing, edge_scorer)
     if edge_scorer is not None:
         raise ValueError(f"an edge scorer serves the 'ddtree' policy only, not {policy!r}")
     if uses_mid(parsed) and pair.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter but the pair has none")
     check_prompt(pair, prompt, config, parsed)
     if parsed == AR:
-        return _with_cpu(autoregressive(pair, prompt, config), cpu0)
-    return _with_cpu(_speculative(pair, prompt, parsed, config, runtime, timing), cpu0)
+        return (yield from _autoregressive_steps(pair, prompt, config))
+    return (yield from _speculative_steps(pair, prompt, parsed, config, runtime, timing))
+
+
+def drain(steps: Steps) -> GenerationResult:
+    """Run a decode's steps to the end; its result."""
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        return done.value
 
 
 def _with_cpu(result: GenerationResult, cpu0: float) -> GenerationResult:
@@ -210,6 +240,19 @@ def _speculative(
 ) -> GenerationResult:
     """The draft-and-verify loop. `verifier` replaces the target's TargetVerifier: only the host-work
     benchmark (benchmarks/bench_decoder.py) passes one, to run this very loop without forwards."""
+    return drain(_speculative_steps(pair, prompt, scheduler, config, runtime, timing, verifier))
+
+
+def _speculative_steps(
+    pair: ModelPair,
+    prompt: list[int],
+    scheduler: Scheduler,
+    config: DecodeConfig,
+    runtime: RuntimeContext | None,
+    timing: bool = True,
+    verifier: Verifier | None = None,
+) -> Steps:
+    """`_speculative`'s loop as steps: yields after the prefill and after every round."""
     cfg = config.tree
     wall = make_clock(pair.target.device)
     rng = np.random.default_rng(config.seed)
@@ -232,11 +275,13 @@ def _speculative(
     builder = RoundBuilder(cfg, ngram, mid, clock)
     loop = _RoundLoop(config, verifier, ngram, mid, builder, clock, rng, committed, out)
     prefill_s = wall() - t_start
+    yield
     rounds: list[RoundStats] = []
     while not loop.out.done:
         stats = loop.tree_round(scheduler, runtime) if round_speculates(scheduler) else loop.off_round()
         rounds.append(stats)
         round_done(scheduler, stats)
+        yield
     return GenerationResult(loop.out.tokens, rounds, prefill_s, wall() - t_start, loop.out.hit_eos)
 
 
@@ -334,13 +379,18 @@ def check_block_prompt(
             )
 
 
-@torch.inference_mode()
 def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> GenerationResult:
     """One target forward per token on a KV cache: the baseline every speedup is measured against.
 
     Only the last position's logits are computed (logits_to_keep=1), and sampling stays on the
     device: one token id per step comes to the host.
     """
+    return drain(_autoregressive_steps(pair, prompt, config))
+
+
+@torch.inference_mode()  # a generator: torch enters the mode at every resume
+def _autoregressive_steps(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> Steps:
+    """`autoregressive` as steps: yields after the prefill and after every token's forward."""
     model = pair.target
     clock = make_clock(model.device)
     rng = np.random.default_rng(config.seed)
@@ -348,6 +398,7 @@ def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> 
     cache = DynamicCache()
     logits = forward_block(model, cache, causal_block(prompt, 0, 0), logits_to_keep=1)[-1, : pair.vocab_size]
     prefill_s = clock() - t_start
+    yield
     out = Output(config.max_new_tokens, pair.eos_token_ids)
     while True:
         token = next_token(logits, config.temperature, rng)
@@ -355,6 +406,7 @@ def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> 
         if out.done:
             break
         logits = decode_one(model, cache, token, pair.vocab_size)
+        yield
     return GenerationResult(out.tokens, [], prefill_s, clock() - t_start, out.hit_eos)
 
 

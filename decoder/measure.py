@@ -9,18 +9,24 @@ first autoregressive run's wall time asks (until AR's runs of the prompt add up 
 at most ``most`` runs), every method runs it again in the same order. Each method keeps its run of
 median wall time, so one slow moment of a shared machine moves no row. The default, :data:`ONCE`,
 times every prompt once.
+
+Lockstep (``run_side_by_side(lockstep=True)``, :func:`run_lockstep`): a prompt's methods decode
+together, one round of each in turn, each round timed on its own; a paired comparison of two
+methods then sees the machine within a fraction of a second of each other, not a whole decode apart.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from decoder.config import DecodeConfig, TreeConfig
-from decoder.generate import GenerationResult, generate
+from decoder.generate import GenerationResult, Steps, generate, generate_steps
 from decoder.models import ModelPair
 from decoder.policies import AR, RuntimeContext, StepContext
+from decoder.timing import make_clock
 
 Policy = str | Callable[[StepContext], bool]
 
@@ -107,6 +113,34 @@ def median_run(runs: Sequence[GenerationResult]) -> GenerationResult:
     return sorted(runs, key=lambda r: r.wall_s)[(len(runs) - 1) // 2]
 
 
+def run_lockstep(
+    decodes: Sequence[Steps], clock: Callable[[], float] = time.perf_counter
+) -> list[GenerationResult]:
+    """Run decodes (decoder.generate.generate_steps) in turn, one step of each at a time, and time
+    every step on its own: each result's wall_s and cpu_s are the sums over its own steps (``clock``,
+    time.process_time). Steps of different decodes run a fraction of a second apart, so a slow
+    spell of a shared machine falls on all of them alike instead of on whichever decode ran then.
+    Results come back in the order of ``decodes``."""
+    wall = [0.0] * len(decodes)
+    cpu = [0.0] * len(decodes)
+    results: list[GenerationResult | None] = [None] * len(decodes)
+    while any(r is None for r in results):
+        for i, steps in enumerate(decodes):
+            if results[i] is not None:
+                continue
+            w0, c0 = clock(), time.process_time()
+            try:
+                next(steps)
+                done = None
+            except StopIteration as stop:
+                done = stop.value
+            wall[i] += clock() - w0
+            cpu[i] += time.process_time() - c0
+            if done is not None:
+                results[i] = replace(done, wall_s=wall[i], cpu_s=cpu[i])
+    return [r for r in results if r is not None]
+
+
 def run_side_by_side(
     pair: ModelPair,
     prompts: Sequence[list[int]],
@@ -117,6 +151,7 @@ def run_side_by_side(
     timing: bool = True,
     repeats: Repeats = ONCE,
     every_run: dict[str, list[list[GenerationResult]]] | None = None,
+    lockstep: bool = False,
 ) -> dict[str, list[GenerationResult]]:
     """Same warm-up for every method, then every prompt with every method (AR first, always).
 
@@ -126,6 +161,8 @@ def run_side_by_side(
     counts from AR's first run of it; each keeps its run of median wall time.
     every_run: when given, filled per method with every run of every prompt, in run order (the
     i-th runs of AR and of a method ran back to back), for paired per-run statistics.
+    lockstep: a prompt's methods decode together, one round of each in turn (:func:`run_lockstep`),
+    instead of one whole decode after another.
     """
     runtimes = list(runtime) if isinstance(runtime, Sequence) else [runtime] * len(prompts)
     if len(runtimes) != len(prompts):
@@ -141,6 +178,12 @@ def run_side_by_side(
         prompt: list[int], rt: RuntimeContext | None, runs: dict[str, list[GenerationResult]]
     ) -> None:
         """Every method on the prompt once, AR first, each run added to its method's runs."""
+        if lockstep:
+            decodes = [generate_steps(pair, prompt, m.policy, configs[m.name], rt, timing) for m in methods]
+            clock = make_clock(pair.target.device)
+            for m, res in zip(methods, run_lockstep(decodes, clock), strict=True):
+                runs[m.name].append(res)
+            return
         for m in methods:
             runs[m.name].append(generate(pair, prompt, m.policy, configs[m.name], rt, timing))
 

@@ -11,7 +11,7 @@ from conftest import noisy_copy, tiny_model
 
 from decoder import measure
 from decoder.config import DecodeConfig
-from decoder.generate import generate
+from decoder.generate import generate, generate_steps
 from decoder.measure import (
     ONCE,
     Method,
@@ -19,6 +19,7 @@ from decoder.measure import (
     Repeats,
     format_table,
     median_run,
+    run_lockstep,
     run_side_by_side,
     summarise_results,
 )
@@ -144,3 +145,66 @@ def test_generate_reports_the_cpu_seconds_of_the_call() -> None:
     for policy in ("ar", "all-small"):
         r = generate(pair, [5, 6, 7, 5, 6], policy, DecodeConfig(max_new_tokens=12))
         assert 0 < r.cpu_s <= r.wall_s * max(1, torch.get_num_threads()) + 0.05, (policy, r.cpu_s, r.wall_s)
+
+
+def test_generate_steps_yield_once_per_round_and_return_what_generate_does(pair) -> None:
+    """A decode run piece by piece: one step for the prefill and one per round (per token for AR),
+    nothing done before the first step, and the same tokens and rounds as `generate`."""
+    config = DecodeConfig(max_new_tokens=12)
+    for policy in (AR, "all-small", "all-mid"):
+        whole = generate(pair, PROMPTS[0], policy, config)
+        steps = generate_steps(pair, PROMPTS[0], policy, config)
+        n = 0
+        try:
+            while True:
+                next(steps)
+                n += 1
+        except StopIteration as done:
+            result = done.value
+        assert result.new_tokens == whole.new_tokens
+        assert [r.emitted for r in result.rounds] == [r.emitted for r in whole.rounds]
+        want = len(whole.new_tokens) if policy == AR else 1 + len(whole.rounds)
+        assert n == want, (policy, n, want)
+    bad = generate_steps(pair, list(range(10_000)), AR, config)  # too long: refused, but only when run
+    with pytest.raises(ValueError):
+        next(bad)
+
+
+def test_lockstep_alternates_steps_and_times_each_decode_by_its_own_steps() -> None:
+    """Two decodes of 3 and 5 steps, each step advancing a fake clock by its decode's cost: they run
+    in turn (a, b, a, b, a, b, b, b... plus each final resume) and each gets only its own time."""
+    t = [0.0]
+    order: list[str] = []
+
+    def decode(name: str, steps: int, cost: float):
+        for _ in range(steps):
+            order.append(name)
+            t[0] += cost
+            yield
+        t[0] += cost
+        return GenerationResult([1] * steps, [], 0.0, -1.0, False)
+
+    a, b = run_lockstep([decode("a", 3, 1.0), decode("b", 5, 10.0)], clock=lambda: t[0])
+    assert order == ["a", "b", "a", "b", "a", "b", "b", "b"]
+    assert a.wall_s == 4.0 and b.wall_s == 60.0  # its steps and final resume, never the other's
+    assert len(a.new_tokens) == 3 and len(b.new_tokens) == 5
+    assert a.cpu_s >= 0 and b.cpu_s >= 0
+
+
+def test_lockstep_side_by_side_decodes_the_same_tokens_as_one_after_another(pair) -> None:
+    config = DecodeConfig(max_new_tokens=12)
+    seq = run_side_by_side(pair, PROMPTS, METHODS, config, warmup_tokens=4)
+    every: dict[str, list[list[GenerationResult]]] = {}
+    lock = run_side_by_side(
+        pair,
+        PROMPTS,
+        METHODS,
+        config,
+        warmup_tokens=4,
+        repeats=Repeats(1e6, 2),
+        every_run=every,
+        lockstep=True,
+    )
+    for name in seq:
+        assert [r.new_tokens for r in lock[name]] == [r.new_tokens for r in seq[name]]
+        assert all(len(runs) == 2 and all(r.wall_s > 0 and r.cpu_s > 0 for r in runs) for runs in every[name])
