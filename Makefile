@@ -107,10 +107,9 @@ results: $(STAMP)
 
 # MLflow UI on the local SQLite store, bound to 127.0.0.1 only. Prints a link to the experiment and
 # one to the newest pipeline run of each overlay side by side (after e.g. `make repro` and
-# `dvc exp run -S overlay=smoke`), after logging the headline of each pipeline run no `make repro`
-# closed (a `dvc exp run`'s: pipeline/ui.py).
+# `dvc exp run -S overlay=smoke`).
 ui: $(STAMP)
-	$(PY) -m pipeline.ui
+	$(PY) -m pipeline.tracking ui
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -40,7 +40,13 @@ def check_field_names(
         raise error(f"{path}: field {key!r} is {'missing' if missing else 'unknown'}")
 
 
+def digest_json(value: object) -> str:
+    """SHA-256 of ``value``'s canonical JSON (sorted keys, no spaces; NaN refused): the project's one
+    digest of a JSON value (manifests, collect's inputs and prompts, priced cells' prompts)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def canonical_digest(fields: Mapping[str, Any], exclude: str) -> str:
     """SHA-256 of the canonical JSON of every field but ``exclude`` (the field that stores it)."""
-    body = {k: v for k, v in fields.items() if k != exclude}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return digest_json({k: v for k, v in fields.items() if k != exclude})

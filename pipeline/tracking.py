@@ -210,7 +210,10 @@ def _copy_metrics_to_parent(client: Any, run_id: str, parent_id: str, stage: str
 
 @contextmanager
 def stage_run(stage: str, params: Params) -> Iterator[Any]:
-    """The stage's MLflow run, a child of the pipeline run, with its params and tags; yields the run."""
+    """The stage's MLflow run, a child of the pipeline run, with its params and tags; yields the run.
+    When the stage ends, its metrics are copied onto the pipeline run and that run's headline is
+    logged again from them, so a pipeline run no ``make repro`` closes (a ``dvc exp run``'s) has its
+    headline too."""
     import mlflow
 
     client, exp_id = open_store(params.mlflow)
@@ -232,6 +235,7 @@ def stage_run(stage: str, params: Params) -> Iterator[Any]:
         yield run
         mlflow.log_metric("stage_seconds", time.perf_counter() - t0)
     _copy_metrics_to_parent(client, run.info.run_id, parent, stage)
+    log_headline(client, parent)
 
 
 def _shown(path: Path) -> str:

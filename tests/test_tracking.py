@@ -268,12 +268,10 @@ def test_the_exported_scheduler_loads_back_as_a_model_that_predicts_the_numpy_st
     assert model.metadata.metadata["manifest_sha256"] == shipped["manifest_sha256"]
 
 
-def test_make_ui_logs_the_headline_of_a_pipeline_run_no_make_repro_closed(tmp_path, monkeypatch):
-    """A `dvc exp run`: its stages group under a parent they create, which no `end` closes; the
-    headline comes from `make ui` (pipeline/ui.py), again when a later stage adds to the run, and a
-    closed run's headline is left as it is."""
-    from pipeline import ui
-
+def test_every_stage_logs_the_headline_of_its_pipeline_run(tmp_path, monkeypatch):
+    """A `dvc exp run`: its stages group under a parent they create, which no `end` closes; each
+    stage logs that parent's headline from the metrics copied so far, and a closed run's headline is
+    left as it is."""
     monkeypatch.delenv(PARENT_ENV, raising=False)
     params, repro = _params(tmp_path), _params(tmp_path, profile="base")  # another pipeline key
     closed = start_pipeline(repro)
@@ -283,15 +281,15 @@ def test_make_ui_logs_the_headline_of_a_pipeline_run_no_make_repro_closed(tmp_pa
     assert end_pipeline(repro, closed, 0) and child
     parent = _get(params, _run("canonicalize", params)).data.tags[PARENT_TAG]
     assert parent != closed
-    assert not any(k.startswith("headline/") for k in _get(params, parent).data.metrics)
-    assert ui.fill_headlines(params) == [parent]
     got = _get(params, parent).data.metrics
     minutes = got["canonicalize/stage_seconds"] / 60
     assert got["headline/minutes.canonicalize"] == minutes and got["headline/minutes.pipeline"] == minutes
-    assert ui.fill_headlines(params) == []  # nothing changed since
+    assert "headline/minutes.margins" not in got
     _run("margins", params)  # the experiment's next stage joins the same parent
-    assert ui.fill_headlines(params) == [parent]
     got = _get(params, parent).data.metrics
     total = (got["canonicalize/stage_seconds"] + got["margins/stage_seconds"]) / 60
+    assert got["headline/minutes.margins"] == got["margins/stage_seconds"] / 60
     assert got["headline/minutes.pipeline"] == pytest.approx(total)
-    assert _get(params, closed).data.metrics["headline/minutes.zoo"] == 2.0
+    closed_metrics = _get(params, closed).data.metrics
+    assert closed_metrics["headline/minutes.zoo"] == 2.0
+    assert not any(k.startswith(("canonicalize/", "margins/")) for k in closed_metrics)

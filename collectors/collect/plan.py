@@ -26,7 +26,6 @@ from pathlib import Path
 from collectors.collect.report import (
     ReportSpec,
     collect_report,
-    digest_json,
     schema_inputs,
     specs_for,
     write_report,
@@ -37,6 +36,7 @@ from collectors.pricing.budget_file import read_pair_budget
 from config.params import Params, TreeParams, resolve
 from decoder.config import DecodeConfig, TreeConfig
 from decoder.files import sha256_of_file
+from decoder.json_manifest import digest_json
 from decoder.latency import LatencyProfile, load_profile
 
 log = logging.getLogger(__name__)

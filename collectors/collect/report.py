@@ -11,7 +11,6 @@ JSON) is recollected with a warning naming the file, so old and new rows never m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from collectors.collect.trajectory import BranchOutcome, PromptReplay
 from config.params import COLLECT_MODES
 from decoder.config import DecodeConfig
 from decoder.files import fsync_dir, sha256_of_file
-from decoder.json_manifest import read_json_object
+from decoder.json_manifest import digest_json, read_json_object
 from decoder.latency import LatencyProfile, RoundCounts, price_round
 from decoder.models import ModelPair
 from decoder.policies import schedule_bits
@@ -73,7 +72,7 @@ class ReportTables:
 
 def prompt_digest(prompt: list[int]) -> str:
     """sha256 of one prompt's token ids: what a continuation row is keyed by for a later reader."""
-    return hashlib.sha256(json.dumps([int(t) for t in prompt]).encode()).hexdigest()
+    return digest_json([int(t) for t in prompt])
 
 
 def read_continuations(path: Path) -> dict[tuple[str, str], list[int]]:
@@ -221,11 +220,6 @@ def _counts(o: BranchOutcome, depth: int, lag: int, seen: frozenset[int]) -> Rou
         prompt_blocks=len(o.prompt_blocks - seen),
     )
     return record.counts()
-
-
-def digest_json(value: object) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def inputs_key(inputs: Mapping[str, object]) -> str:

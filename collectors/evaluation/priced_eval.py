@@ -22,8 +22,6 @@ in hindsight is the argmax of priced tokens/s over the 2^D schedules on these ve
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -34,6 +32,7 @@ from collectors.collect.records import RoundRecord, bits_text
 from collectors.collect.replay import Replayer, TargetRows, drafter_from_rows, drafter_rows
 from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
 from decoder.config import DecodeConfig
+from decoder.json_manifest import digest_json
 from decoder.latency import LatencyProfile, price_ar, price_round
 from decoder.models import ModelPair
 from decoder.ngram import NgramDrafter
@@ -196,7 +195,7 @@ class PricedCell:
 
 def prompts_digest(prompts: Sequence[Sequence[int]]) -> str:
     """sha256 of a cell's prompts (their token ids, in order)."""
-    return hashlib.sha256(json.dumps([list(p) for p in prompts]).encode()).hexdigest()
+    return digest_json([[int(t) for t in p] for p in prompts])
 
 
 def merge_parts(fixed: PricedCell, learned: PricedCell) -> PricedCell:
