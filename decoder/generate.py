@@ -388,9 +388,12 @@ def autoregressive(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> 
     return drain(_autoregressive_steps(pair, prompt, config))
 
 
-@torch.inference_mode()  # a generator: torch enters the mode at every resume
 def _autoregressive_steps(pair: ModelPair, prompt: list[int], config: DecodeConfig) -> Steps:
-    """`autoregressive` as steps: yields after the prefill and after every token's forward."""
+    """`autoregressive` as steps: yields after the prefill and after every token's forward.
+
+    Not itself in inference mode (on a generator torch would enter it at every resume, once per
+    token): forward_block and decode_one run in it, and nothing here writes to their tensors.
+    """
     model = pair.target
     clock = make_clock(model.device)
     rng = np.random.default_rng(config.seed)

@@ -64,3 +64,47 @@ def test_paired_runs_place_a_prompt_against_the_floor_only_when_its_interval_doe
     noisy = bench_never_loses.paired_runs(runs(1, 1, 1, 1, 1, 1), runs(0.8, 1.2, 0.85, 1.15, 0.9, 1.1))
     assert noisy["paired_floor"] == "undecided"
     assert noisy["paired_low"] < 0.97 <= noisy["paired_high"]
+
+
+def test_settle_times_only_undecided_prompts_again_until_decided_or_capped(monkeypatch):
+    batches = []  # (prompt, runs asked for) per extra call
+
+    def fake_side_by_side(pair, prompts, methods, config, runtime, **kw):
+        (prompt,) = prompts
+        n = kw["repeats"].most
+        batches.append((prompt, n))
+        # the noisy prompt's pairs keep disagreeing run to run; the others' agree
+        policy = [0.8, 1.2] * (n // 2) + [1.0] * (n % 2) if prompt == "noisy" else [1.0] * n
+        kw["every_run"][bench_never_loses.AR] = [runs(*[1.0] * n)]
+        kw["every_run"][bench_never_loses.POLICY] = [runs(*policy)]
+
+    monkeypatch.setattr(bench_never_loses, "run_side_by_side", fake_side_by_side)
+    args = bench_never_loses.parse_args(["--pair", "x", "--repeats", "6", "--most-repeats", "20"])
+    first, noisy = [0.9, 1.1, 0.92, 1.08, 0.94, 1.06], [0.8, 1.2, 0.85, 1.15, 0.9, 1.1]
+    ar_runs = [runs(*[1.0] * 6), runs(*[1.0] * 6), runs(*[1.0] * 6)]
+    pol_runs = [runs(*first), runs(*[1.0] * 6), runs(*noisy)]
+    ar, res = [r[0] for r in ar_runs], [r[0] for r in pol_runs]
+    floors = [
+        bench_never_loses.paired_runs(a, r)["paired_floor"] for a, r in zip(ar_runs, pol_runs, strict=True)
+    ]
+    assert floors == ["undecided", "at or above", "undecided"]
+    method = bench_never_loses.Method(bench_never_loses.POLICY, "all-small")
+    prompts = ["steady", "decided", "noisy"]
+    bench_never_loses.settle(None, prompts, method, None, args, (ar, res), (ar_runs, pol_runs))
+    # the decided prompt is left alone; the others go on in batches of --repeats, the last one short
+    assert [p for p, _ in batches if p == "decided"] == []
+    assert [n for p, n in batches if p == "noisy"] == [6, 6, 2] and len(pol_runs[2]) == 20
+    assert bench_never_loses.paired_runs(ar_runs[2], pol_runs[2])["paired_floor"] == "undecided"
+    steady = bench_never_loses.paired_runs(ar_runs[0], pol_runs[0])
+    assert steady["paired_floor"] == "at or above" and len(pol_runs[0]) == 18
+    assert len(ar_runs[0]) == len(pol_runs[0])  # AR and the policy stay paired run for run
+    # the medians are taken afresh over every run: the steady prompt's is now one of the 1.0 runs
+    assert res[0].wall_s == 1.0 and res[1] is pol_runs[1][0]
+
+
+def test_most_repeats_below_repeats_is_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        bench_never_loses.parse_args(["--pair", "x", "--repeats", "6", "--most-repeats", "3"])
+    assert "--most-repeats (3) must be at least --repeats (6)" in capsys.readouterr().err
