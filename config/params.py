@@ -48,6 +48,7 @@ DTYPES = ("float32", "float16", "bfloat16")  # decoder.models.DTYPES
 DEVICE = r"cpu|mps|cuda(:[0-9]+)?"  # what decoder.models.check_device can load onto
 LINEAR_KERNELS = ("stock", "onednn")  # decoder.models.LINEAR_KERNELS
 TEMPLATES = ("zoo", "chatml", "llama3", "plain")  # decoder.templates.TEMPLATES
+ORDERS = ("lockstep", "sequential")  # how side-by-side decodes share the machine (decoder.measure)
 PAIR_TEMPLATES = (*TEMPLATES, "auto")  # + decoder.templates.AUTO: the tokenizer's own chat template
 # A user's Spec-Bench question file: inside prompts/, the folder dvc.yaml's data stage depends on.
 QUESTIONS = r"(prompts/[A-Za-z0-9._/-]+\.jsonl)?"
@@ -399,6 +400,9 @@ class WallCheckParams:
     min_ar_s: float = rule(ge=0)  # each prompt timed until AR's runs of it last this long ...
     max_repeats: int = rule(ge=1)  # ... at most this many times; every method keeps its median run
     bootstrap: int = rule(ge=1)  # resamples over prompts for the 95% intervals
+    # lockstep: a prompt's methods decode together, one round of each in turn, each round timed on
+    # its own, so a slow spell of a shared machine falls on all alike; sequential: one after another
+    order: str = rule(choices=ORDERS)
 
 
 @dataclass(frozen=True)

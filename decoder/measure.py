@@ -168,6 +168,11 @@ def run_side_by_side(
     if len(runtimes) != len(prompts):
         raise ValueError(f"{len(runtimes)} runtime contexts for {len(prompts)} prompts")
     methods = [Method(AR, AR), *[m for m in methods if m.name != AR]]
+    if lockstep:
+        shared = [m.name for m in methods if any(m.policy is o.policy for o in methods if o is not m)]
+        if any(not isinstance(m.policy, str) for m in methods if m.name in shared):
+            raise ValueError(f"lockstep: methods {shared} share one policy object, whose per-generation "
+                             "state their interleaved decodes would mix; give each its own")  # fmt: skip
     configs = {m.name: replace(config, tree=m.tree) if m.tree is not None else config for m in methods}
     for m in methods:
         warm = replace(configs[m.name], max_new_tokens=min(warmup_tokens, config.max_new_tokens))

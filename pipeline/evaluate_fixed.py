@@ -10,7 +10,8 @@ the models, profiles, budgets and prompts, not the scheduler: a ``dvc exp run -S
 does not rerun it, and ``evaluate`` then replays only the learned policies from its stored
 continuations. The same for the pair check's calibration cells (All-Small and All-Mid), which
 ``deploy`` completes with the students. Writes ``<evaluate.out_dir>/fixed/fixed.json`` and
-``calibration.json`` (collectors/evaluation/fixed_cells.py).
+``calibration.json``, each with its target rows in a ``.rows.parquet`` beside it
+(collectors/evaluation/fixed_cells.py).
 """
 
 from __future__ import annotations

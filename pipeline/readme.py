@@ -119,7 +119,12 @@ def results_section(params: Params) -> str:
             "with autoregressive decoding)",
             f"Per pair, {wall_cfg.prompts_per_pair} held-back prompts (round-robin over the datasets), "
             "every output checked token-identical to autoregressive decoding. A prompt is decoded by every "
-            f"method in turn until autoregressive decoding's runs of it last {wall_cfg.min_ar_s:g} s (at "
+            + (
+                "method together, one round of each in turn, each round timed on its own (lockstep), "
+                if wall_cfg.order == "lockstep"
+                else "method in turn, one whole decode after another, "
+            )
+            + f"until autoregressive decoding's runs of it last {wall_cfg.min_ar_s:g} s (at "
             f"most {wall_cfg.max_repeats} runs: the fast pairs'), each method keeping its run of median wall "
             "time. Measured and priced speedups are decoding only (prefill excluded); priced / measured "
             "has a bootstrap 95% interval over prompts and a verdict against the band (within, outside, "

@@ -2,8 +2,9 @@
 
 Per evaluated pair, ``wall_check.prompts_per_pair`` of evaluate's held-back prompts (round-robin over
 its datasets) are decoded for real by ``wall_check.methods`` and autoregressive decoding, side by
-side with identical warm-up; where the pair's bundle deploys the student at a shifted threshold,
-that policy is decoded too, as ``deployed``. Any output that differs from autoregressive decoding
+side with identical warm-up and in ``wall_check.order`` (lockstep: one round of each in turn);
+where the pair's bundle deploys the student at a shifted threshold, that policy is decoded too, as
+``deployed``. Any output that differs from autoregressive decoding
 beyond a numerical near-tie fails the stage. A fast pair's prompts are timed again and again until
 AR's runs of each last ``wall_check.min_ar_s`` (at most ``max_repeats`` runs; every method keeps its
 run of median wall time). Each pair is profiled again (one pass of the profile stage's measurement)

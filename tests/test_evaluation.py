@@ -10,6 +10,7 @@ from collectors.data.prompts import Question
 from collectors.evaluation import cell as evaluation
 from collectors.evaluation.cell import LosslessError, best_fixed_in_hindsight, evaluate_cell
 from collectors.evaluation.eval_report import ablation_table, main_table, student_gains, summary_metrics
+from decoder import measure
 from decoder.config import DecodeConfig
 from decoder.generate import GenerationResult
 from decoder.measure import Method
@@ -88,6 +89,28 @@ def test_rows_priced_again_with_a_profile_measured_beside_the_decodes(cell_input
     assert small[1] == pytest.approx(small[0]) and mid[1] < 0.9 * mid[0]
     plain = evaluate_cell(pair, questions, prompts, methods, config, runtime, PROFILE)
     assert all("beside_priced_speedup" not in r for r in plain.rows)
+
+
+def test_a_lockstep_cell_decodes_round_by_round_and_prices_the_same_counts(cell_inputs, monkeypatch):
+    """wall_check's order: the cell's methods decode together, one round each in turn, and give
+    the same tokens and priced rows as one decode after another (pricing reads counts, not time)."""
+    pair, questions, prompts = cell_inputs
+    config = DecodeConfig(max_new_tokens=12)
+    methods = [Method("all-small", "all-small"), Method("10101", "10101")]
+    runtime = RuntimeContext(10, 4.0, 1.0)
+    stepped = []
+    real = measure.run_lockstep
+    monkeypatch.setattr(
+        measure, "run_lockstep", lambda decodes, clock: stepped.append(len(decodes)) or real(decodes, clock)
+    )
+    apart = evaluate_cell(pair, questions, prompts, methods, config, runtime, PROFILE)
+    assert stepped == []
+    together = evaluate_cell(pair, questions, prompts, methods, config, runtime, PROFILE, lockstep=True)
+    assert stepped == [3] * len(prompts)  # AR and both methods, once per prompt
+    for name, results in together.results.items():
+        assert [r.new_tokens for r in results] == [r.new_tokens for r in apart.results[name]]
+    priced = {r["method"]: r["priced_speedup"] for r in apart.rows}
+    assert {r["method"]: r["priced_speedup"] for r in together.rows} == pytest.approx(priced)
 
 
 def test_best_fixed_in_hindsight_is_a_schedule(cell_inputs):

@@ -1,8 +1,9 @@
 """evaluate_fixed + evaluate equal the one-pass priced replay: the fixed schedules priced upstream
-(collectors/evaluation/fixed_cells.py), stored as JSON float for float, and merged with the
+(collectors/evaluation/fixed_cells.py), stored as JSON and Parquet float for float, and merged with the
 policies replayed from the stored continuations and target rows give every cell field by field;
 the policy pass decodes no continuation and runs no target forward; a part priced on other
-prompts, a missing cell or another schema is one error naming the file."""
+prompts, a missing cell, another schema or a rows file other than the one written is one error naming the
+file."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_stored_fixed_parts_merged_with_the_policies_equal_the_one_pass_replay(
     path = write_fixed(tmp_path / "fixed" / "fixed.json", fixed, ablations)
     stored, rows = read_fixed(path, CELLS)
     assert rows == ablations
-    for cell in CELLS:  # JSON round trip: every double and continuation as written
+    assert path.with_name("fixed.rows.parquet").is_file()
+    for cell in CELLS:  # JSON and Parquet round trip: every double, continuation and row as written
         _same(stored[cell], fixed[cell])
         assert (stored[cell].continuations, stored[cell].prompts_sha256, stored[cell].rows) == (
             fixed[cell].continuations, fixed[cell].prompts_sha256, fixed[cell].rows,
@@ -92,3 +94,25 @@ def test_a_missing_cell_or_another_schema_is_one_error_naming_the_file(tmp_path:
         ValueError, match=r"fixed\.json: not an evaluate_fixed file \(schema_version 'other/9'"
     ):
         read_fixed(path, CELLS)
+
+
+def test_a_rows_file_missing_or_from_another_write_is_refused(workspace, tmp_path: Path) -> None:
+    params = eval_params(workspace, 1)
+    fixed = priced_cells(params, CELLS[:1], {}, FIXED_METHODS)
+    path = write_fixed(tmp_path / "a" / "fixed.json", fixed, [])
+    rows = path.with_name("fixed.rows.parquet")
+    other = write_fixed(
+        tmp_path / "b" / "fixed.json", {c: replace(p, rows=p.rows[:1]) for c, p in fixed.items()}, []
+    )
+    assert (
+        len(fixed[CELLS[0]].rows) > 1
+        and read_fixed(other, CELLS[:1])[0][CELLS[0]].rows == fixed[CELLS[0]].rows[:1]
+    )
+    rows.write_bytes(other.with_name("fixed.rows.parquet").read_bytes())  # a valid rows file, not this one's
+    with pytest.raises(ValueError, match=r"fixed\.rows\.parquet is not the rows file written with it"):
+        read_fixed(path, CELLS[:1])
+    rows.unlink()
+    with pytest.raises(
+        FileNotFoundError, match=r"fixed\.rows\.parquet: missing; rerun the evaluate_fixed stage"
+    ):
+        read_fixed(path, CELLS[:1])

@@ -25,7 +25,7 @@ from decoder.measure import (
 )
 from decoder.models import make_pair
 from decoder.outcome import GenerationResult
-from decoder.policies import AR
+from decoder.policies import AR, parse_policy
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +189,23 @@ def test_lockstep_alternates_steps_and_times_each_decode_by_its_own_steps() -> N
     assert a.wall_s == 4.0 and b.wall_s == 60.0  # its steps and final resume, never the other's
     assert len(a.new_tokens) == 3 and len(b.new_tokens) == 5
     assert a.cpu_s >= 0 and b.cpu_s >= 0
+
+
+def test_lockstep_refuses_methods_that_share_one_policy_object(pair) -> None:
+    """Interleaved decodes would mix a shared policy's per-generation state; a name is parsed
+    afresh for each decode, so two methods naming one policy are fine."""
+    one = parse_policy("10101", 5)
+    assert not isinstance(one, str)
+    shared = [Method("a", one), Method("b", one)]
+    with pytest.raises(ValueError, match=r"lockstep: methods \['a', 'b'\] share one policy object"):
+        run_side_by_side(
+            pair, PROMPTS, shared, DecodeConfig(max_new_tokens=4), warmup_tokens=2, lockstep=True
+        )
+    named = [Method("a", "10101"), Method("b", "10101")]
+    out = run_side_by_side(
+        pair, PROMPTS[:1], named, DecodeConfig(max_new_tokens=4), warmup_tokens=2, lockstep=True
+    )
+    assert out["a"][0].new_tokens == out["b"][0].new_tokens == out[AR][0].new_tokens
 
 
 def test_lockstep_side_by_side_decodes_the_same_tokens_as_one_after_another(pair) -> None:

@@ -153,6 +153,7 @@ def evaluate_cell(
     warmup_tokens: int = 16,
     beside: LatencyProfile | None = None,
     repeats: Repeats = ONCE,
+    lockstep: bool = False,
 ) -> CellResult:
     """Decode with every method; raise LosslessError on any mismatch; return rows and answers.
 
@@ -163,8 +164,12 @@ def evaluate_cell(
     ``beside``: a second profile of the pair, measured next to these decodes; every row then also
     prices its counts with it (``beside_priced_speedup``), to tell a machine that changed speed since
     ``profile`` was measured from a cost model that is wrong.
+    ``lockstep``: a prompt's methods decode together, one round of each in turn
+    (decoder.measure.run_lockstep), instead of one whole decode after another.
     """
-    results = run_side_by_side(pair, prompts, methods, config, runtime, warmup_tokens, repeats=repeats)
+    results = run_side_by_side(
+        pair, prompts, methods, config, runtime, warmup_tokens, repeats=repeats, lockstep=lockstep
+    )
     reports = lossless_gate(pair, prompts, results)
     policies = {AR: AR, **{m.name: m.policy for m in methods}}
     rows = [

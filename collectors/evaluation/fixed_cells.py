@@ -1,4 +1,5 @@
-"""The evaluate_fixed stage's files: every cell's fixed part, and the ablation rows, as JSON.
+"""The evaluate_fixed stage's files: every cell's fixed part and the ablation rows as JSON, and the
+target's rows beside it as Parquet.
 
 What no learned policy changes is priced once, upstream of the scheduler's training: per (pair,
 dataset) cell, autoregressive decoding's priced ms, the tokens, All-Small, All-Mid, 10101 and the
@@ -9,23 +10,39 @@ and merges each cell with its part (collectors/evaluation/priced_tasks.py).
 The pair check's calibration cells get the same (All-Small and All-Mid only) in a second file, for
 ``deploy``.
 
+The target's rows (top-m token ids and log-probabilities at every position of every prompt's text,
+99% of the bytes) go to ``<stem>.rows.parquet`` beside the JSON, one row per position; the JSON
+names that file and its sha256, so a rows file from another run is refused, not merged.
+
 Contract: a cell read back equals the PricedCell written, field by field and float for float (JSON
-writes a float's shortest repr, which reads back to the same double). A file of another schema, a
-missing cell or an ill-formed entry is one ValueError naming the file and what is wrong.
+writes a float's shortest repr, which reads back to the same double; Parquet stores the doubles).
+A file of another schema, a missing cell, a rows file that is missing or not the one written, or an
+ill-formed entry is one ValueError (FileNotFoundError for a missing file) naming the file and what
+is wrong.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from collectors.evaluation.priced_eval import FIXED, Cell, PricedCell, PricedMethod, TargetRows
-from decoder.files import replace_atomically
+from decoder.files import replace_atomically, sha256_of_file
 
-SCHEMA = "treegraft-evaluate-fixed/2"  # 2: with the target's rows
+SCHEMA = "treegraft-evaluate-fixed/3"  # 2: with the target's rows; 3: the rows as Parquet
+ROWS_SUFFIX = ".rows.parquet"
+ROWS_SCHEMA = {
+    "pair_id": pl.String,
+    "dataset_id": pl.String,
+    "prompt": pl.Int32,  # the prompt's index in the cell
+    "tokens": pl.List(pl.Int64),  # top-m token ids at one position, best first
+    "logps": pl.List(pl.Float64),  # their log-probabilities
+}
 FILE = "fixed.json"
 CALIBRATION_FILE = "calibration.json"
 FOLDER = "fixed"  # under evaluate.out_dir
@@ -50,7 +67,7 @@ def cell_record(c: PricedCell) -> dict:
         "best_fixed": c.best_fixed,
         "continuations": [[list(g), limit] for g, limit in c.continuations],
         "prompts_sha256": c.prompts_sha256,
-        "rows": [[[list(t) for t in tokens], [list(lp) for lp in logps]] for tokens, logps in c.rows],
+        "n_prompts": len(c.rows),  # prompts with target rows (the rows file holds them)
     }
 
 
@@ -62,13 +79,41 @@ def _method(r: Mapping) -> PricedMethod:
     )  # fmt: skip
 
 
-def _rows(tokens: Sequence, logps: Sequence) -> TargetRows:
-    return tuple(tuple(int(t) for t in ts) for ts in tokens), tuple(
-        tuple(float(x) for x in lp) for lp in logps
-    )
+def rows_path(path: Path) -> Path:
+    """The rows file beside a stage file: ``fixed.json`` -> ``fixed.rows.parquet``."""
+    return path.with_name(path.stem + ROWS_SUFFIX)
 
 
-def cell_from(r: Mapping) -> PricedCell:
+def rows_table(cells: Mapping[Cell, PricedCell]) -> pl.DataFrame:
+    """Every cell's target rows, one row per (cell, prompt, position), in order."""
+    cols: dict[str, list] = {name: [] for name in ROWS_SCHEMA}
+    for (pair, dataset), c in cells.items():
+        for i, (tokens, logps) in enumerate(c.rows):
+            n = len(tokens)
+            cols["pair_id"] += [pair] * n
+            cols["dataset_id"] += [dataset] * n
+            cols["prompt"] += [i] * n
+            cols["tokens"] += [list(t) for t in tokens]
+            cols["logps"] += [list(lp) for lp in logps]
+    return pl.DataFrame(cols, schema=ROWS_SCHEMA)
+
+
+def rows_of(table: pl.DataFrame) -> dict[Cell, tuple[TargetRows, ...]]:
+    """The cells' target rows from :func:`rows_table`'s table."""
+    out: dict[Cell, list[tuple[list, list]]] = {}
+    cols = [table[name].to_list() for name in ROWS_SCHEMA]
+    for pair, dataset, prompt, tokens, logps in zip(*cols, strict=True):
+        prompts = out.setdefault((pair, dataset), [])
+        if prompt < len(prompts) - 1:
+            raise ValueError(f"cell {pair}/{dataset}: prompt {prompt} out of order")
+        while len(prompts) <= prompt:  # a prompt without rows has no line
+            prompts.append(([], []))
+        prompts[-1][0].append(tuple(tokens))
+        prompts[-1][1].append(tuple(logps))
+    return {c: tuple((tuple(t), tuple(lp)) for t, lp in ps) for c, ps in out.items()}
+
+
+def cell_from(r: Mapping, rows: tuple[TargetRows, ...]) -> PricedCell:
     methods = [_method(m) for m in r["methods"]]
     return PricedCell(
         np.asarray(r["ar_ms"], dtype=float),
@@ -77,29 +122,49 @@ def cell_from(r: Mapping) -> PricedCell:
         str(r["best_fixed"]),
         tuple((tuple(int(t) for t in g), int(limit)) for g, limit in r["continuations"]),
         str(r["prompts_sha256"]),
-        tuple(_rows(tokens, logps) for tokens, logps in r["rows"]),
+        rows,
     )
 
 
 def fixed_path(evaluate_out_dir: Path) -> Path:
-    """Where the evaluate_fixed stage writes the held-back cells: ``<evaluate.out_dir>/fixed/fixed.json``."""
+    """Where the evaluate_fixed stage writes the held-back cells: ``<evaluate.out_dir>/fixed/fixed.json``
+    (and their rows: ``fixed.rows.parquet``)."""
     return evaluate_out_dir / FOLDER / FILE
 
 
 def calibration_path(evaluate_out_dir: Path) -> Path:
     """Where it writes the pair check's calibration cells (the endpoints only, for ``deploy``):
-    ``<evaluate.out_dir>/fixed/calibration.json``."""
+    ``<evaluate.out_dir>/fixed/calibration.json`` (and ``calibration.rows.parquet``)."""
     return evaluate_out_dir / FOLDER / CALIBRATION_FILE
 
 
 def write_fixed(path: Path, cells: Mapping[Cell, PricedCell], ablations: Sequence[dict]) -> Path:
-    """Write the stage's file atomically (a failure leaves the old file or none)."""
+    """Write the stage's JSON file and its rows file, each atomically, rows first: a failure between
+    the two leaves a JSON naming another rows digest, which :func:`read_fixed` refuses."""
+    buffer = io.BytesIO()
+    rows_table(cells).write_parquet(buffer, compression="zstd", statistics=False)
+    rows_file = replace_atomically(rows_path(path), buffer.getvalue())
     body = {
         "schema_version": SCHEMA,
+        "rows_file": {"name": rows_file.name, "sha256": sha256_of_file(rows_file)},
         "cells": [{"pair_id": p, "dataset_id": d, **cell_record(c)} for (p, d), c in cells.items()],
         "ablations": list(ablations),
     }
     return replace_atomically(path, (json.dumps(body) + "\n").encode())
+
+
+def _read_rows(path: Path, entry: Mapping) -> dict[Cell, tuple[TargetRows, ...]]:
+    rows_file = path.parent / str(entry["name"])
+    if rows_file != rows_path(path):
+        raise ValueError(f"rows_file {entry['name']!r}, expected {rows_path(path).name!r}")
+    if not rows_file.is_file():
+        raise FileNotFoundError(f"{rows_file}: missing; {RERUN}")
+    if sha256_of_file(rows_file) != entry["sha256"]:
+        raise ValueError(f"{rows_file.name} is not the rows file written with it (its sha256 differs)")
+    table = pl.read_parquet(rows_file)
+    if dict(table.schema) != ROWS_SCHEMA:
+        raise ValueError(f"{rows_file.name} has columns {dict(table.schema)}, expected {ROWS_SCHEMA}")
+    return rows_of(table)
 
 
 def read_fixed(path: Path, wanted: Sequence[Cell]) -> tuple[dict[Cell, PricedCell], list[dict]]:
@@ -110,9 +175,16 @@ def read_fixed(path: Path, wanted: Sequence[Cell]) -> tuple[dict[Cell, PricedCel
         body = json.loads(path.read_text(encoding="utf-8"))
         if body.get("schema_version") != SCHEMA:
             raise ValueError(f"schema_version {body.get('schema_version')!r}, expected {SCHEMA!r}")
-        cells = {(e["pair_id"], e["dataset_id"]): cell_from(e) for e in body["cells"]}
+        rows = _read_rows(path, body["rows_file"])
+        cells = {}
+        for e in body["cells"]:
+            cell = (e["pair_id"], e["dataset_id"])
+            found, n = rows.get(cell, ()), int(e["n_prompts"])
+            if len(found) > n:
+                raise ValueError(f"cell {cell[0]}/{cell[1]}: rows of {len(found)} prompts, {n} written")
+            cells[cell] = cell_from(e, found + tuple(((), ()) for _ in range(n - len(found))))
         ablations = list(body["ablations"])
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError, pl.exceptions.PolarsError) as err:
         raise ValueError(
             f"{path}: not an evaluate_fixed file ({err}); rerun the evaluate_fixed stage"
         ) from err

@@ -2,7 +2,8 @@
 
 Contract: per pair, ``wall_check.prompts_per_pair`` of evaluate's held-back prompts (round-robin over
 ``evaluate.datasets``) are decoded by the named methods and autoregressive decoding with the same
-warm-up, each prompt timed as often as decoder.measure.Repeats asks, every output checked against
+warm-up (in lockstep by default: ``wall_check.order``), each prompt timed as often as
+decoder.measure.Repeats asks, every output checked against
 autoregressive decoding (collectors/evaluation/cell.py: LosslessError on a real mismatch). The pair
 is profiled again just before (one pass of the profile stage's measurement), and each prompt's
 decode time and its counts priced with both profiles are handed to
@@ -103,8 +104,9 @@ def check_pair(
     params: Params, pair_id: str, names: Sequence[str], learned: Mapping[str, object], repeats: Repeats
 ) -> PairCheck:
     """Profile the pair again, then decode ``wall_check.prompts_per_pair`` prompts (:func:`pair_prompts`)
-    with the methods ``names`` (:func:`wall_methods`, from ``learned`` or fixed) and AR side by side
-    (LosslessError on any real mismatch); returns the pair's rows and what the stage writes."""
+    with the methods ``names`` (:func:`wall_methods`, from ``learned`` or fixed) and AR side by side,
+    in ``wall_check.order`` (LosslessError on any real mismatch); returns the pair's rows and what
+    the stage writes."""
     pair = load_registered_pair(params, pair_id)
     questions, prompts, profile, runtimes = pair_prompts(
         params, pair_id, pair, params.wall_check.prompts_per_pair
@@ -112,8 +114,9 @@ def check_pair(
     config = decode_config(params, pair_id)
     methods = wall_methods(names, learned, config.tree.depth)
     beside = profile_beside(params, pair, pair_id)
+    lockstep = params.wall_check.order == "lockstep"
     cell = evaluate_cell(pair, questions, prompts, methods, config, runtimes, profile, WARMUP_TOKENS,
-                         beside, repeats)  # fmt: skip
+                         beside, repeats, lockstep)  # fmt: skip
     policy = {AR: AR, **{m.name: m.policy for m in methods}}
     profiles = {"stage": profile, "beside": beside}
     times = {n: prompt_times(res, policy[n], profiles) for n, res in cell.results.items()}
