@@ -213,6 +213,27 @@ def prompt_row(q: Question, ar: GenerationResult, res: GenerationResult, verdict
     return row
 
 
+def timed_runs(
+    pair, prompts, method: Method, config: DecodeConfig, args, n: int
+) -> tuple[list[list[GenerationResult]], list[list[GenerationResult]]]:
+    """AR's and the policy's runs of each prompt, ``n`` each (one shared warm-up first, wall clock
+    only), decoded in --order; the i-th runs of the two ran together (or back to back)."""
+    every_run: dict[str, list[list[GenerationResult]]] = {}
+    run_side_by_side(
+        pair,
+        prompts,
+        [method],
+        config,
+        None,
+        warmup_tokens=4,
+        timing=False,
+        repeats=Repeats(min_ar_s=1e9, most=n),  # every prompt n times
+        every_run=every_run,
+        lockstep=args.order == "lockstep",
+    )
+    return every_run[AR], every_run.get(POLICY, every_run[AR])
+
+
 def settle(pair, prompts, method: Method, config: DecodeConfig, args, medians, all_runs) -> None:
     """Times each prompt whose wall-clock paired interval is undecided again, --repeats runs at a
     time, until the interval decides or the prompt has --most-repeats runs. ``all_runs`` (AR's and
@@ -223,22 +244,11 @@ def settle(pair, prompts, method: Method, config: DecodeConfig, args, medians, a
             len(runs[i]) < args.most_repeats
             and paired_runs(ar_runs[i], runs[i])["paired_floor"] == "undecided"
         ):
-            batch = Repeats(min_ar_s=1e9, most=min(args.repeats, args.most_repeats - len(runs[i])))
-            more: dict[str, list[list[GenerationResult]]] = {}
-            run_side_by_side(
-                pair,
-                [prompt],
-                [method],
-                config,
-                None,
-                warmup_tokens=4,
-                timing=False,
-                repeats=batch,
-                every_run=more,
-                lockstep=args.order == "lockstep",
+            more_ar, more = timed_runs(
+                pair, [prompt], method, config, args, min(args.repeats, args.most_repeats - len(runs[i]))
             )
-            ar_runs[i].extend(more[AR][0])
-            runs[i].extend(more[POLICY][0])
+            ar_runs[i].extend(more_ar[0])
+            runs[i].extend(more[0])
             ar[i], res[i] = median_run(ar_runs[i]), median_run(runs[i])
             log.info("prompt %d: %d runs, paired %s", i, len(runs[i]), paired_runs(ar_runs[i], runs[i]))
 
@@ -249,22 +259,8 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
     prompts = encode_prompts(questions, pair.tokenizer, source.template, MAX_PROMPT_TOKENS)
     method = method_of(source, args.switch_off)
     config = DecodeConfig(max_new_tokens=args.max_new_tokens)
-    repeats = Repeats(min_ar_s=1e9, most=args.repeats)  # every prompt args.repeats times
-    every_run: dict[str, list[list[GenerationResult]]] = {}
-    results = run_side_by_side(
-        pair,
-        prompts,
-        [method],
-        config,
-        None,
-        warmup_tokens=4,
-        timing=False,
-        repeats=repeats,
-        every_run=every_run,
-        lockstep=args.order == "lockstep",
-    )
-    ar, res = results[AR], results.get(POLICY, results[AR])
-    ar_runs, runs = every_run[AR], every_run.get(POLICY, every_run[AR])
+    ar_runs, runs = timed_runs(pair, prompts, method, config, args, args.repeats)
+    ar, res = [median_run(r) for r in ar_runs], [median_run(r) for r in runs]
     settle(pair, prompts, method, config, args, (ar, res), (ar_runs, runs))
     verdicts = classify(pair, prompts, ar, res)
     pricer = None  # the switch-off's own prices, or the profile's for the bare policy
@@ -301,7 +297,7 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
         "rss_loaded_gib": loaded,
         "rss_peak_gib": rss_gib()[1],
     }
-    del pair, results
+    del pair, ar_runs, runs, ar, res
     gc.collect()
     return info
 
