@@ -5,7 +5,7 @@ Usage (after `make repro`: the zoo and artifacts/profile/<pair>.json exist):
         [--max-new-tokens 48] [--out artifacts/bench/budget.json]
 
 Per pair and prompt, replay (collectors.pricing.budget_sweep, the sweep the budget stage runs; temperature
-0, exact) builds each round's full tree once per fixed schedule; decoder.budget.budget_sweep turns
+0, exact) builds each round's full tree once per fixed schedule; decoder.core.budget.budget_sweep turns
 its one greedy acceptance into the accepted length and verified size under every budget B <= 63.
 Every budget's trajectory is then walked start to start (L -> L + A_B + 1) with replay's own round
 accounting (`Walk`), and priced with the pair's profile (fixed schedules: no decision cost), so
@@ -14,7 +14,7 @@ each B is an exact replay of decoding with `TreeConfig.budget = B`. Columns:
 - saba: the paper's rule, B = c_fixed / c_verify of the line fitted to the round cost
   C(B) = mean drafting + tree work + the profile's verify(B + 1), B in 1..63, over the rounds of
   the B = 63 trajectory (today's default: what one verification of the largest tree records).
-- fitted: decoder.budget.best_budget, argmax (E[A](B) + 1) / C(B), with E[A](B) and C(B) the
+- fitted: decoder.core.budget.best_budget, argmax (E[A](B) + 1) / C(B), with E[A](B) and C(B) the
   means under B over those same rounds (accepted tokens capped at what is left to emit).
 - per-token: argmin over B of the mean, over EVERY start position of the continuation, of
   C_B / tokens_B (each token charged its share of the round starting at it). The B = 63
@@ -53,10 +53,10 @@ from collectors.pricing.budget_sweep import (
     sweep_pair,
 )
 from config.params import load_params, resolve
-from decoder.budget import best_budget
-from decoder.config import TreeConfig
-from decoder.latency import LatencyProfile, load_profile, price_round
-from decoder.models import ModelPair
+from decoder.core.budget import best_budget
+from decoder.core.config import TreeConfig
+from decoder.deploy.latency import LatencyProfile, load_profile, price_round
+from decoder.models.pair import ModelPair
 
 log = logging.getLogger("bench_budget")
 GRID = (1, 2, 4, 8, 16, 32, 63)
@@ -107,7 +107,7 @@ def rules(profile: LatencyProfile, sw: PolicySweep) -> dict:
 
 def fitted_rule(profile: LatencyProfile, samples: list[Sample], budgets: list[int]) -> int:
     """On the rounds of the largest tree's trajectory (one verification each gives every budget):
-    decoder.budget.best_budget over E[A](B) and the mean priced round C(B)."""
+    decoder.core.budget.best_budget over E[A](B) and the mean priced round C(B)."""
     gain = [np.mean([round_tokens(o, left, b) for o, left in samples]) - 1.0 for b in budgets]
     cost = np.maximum.accumulate([np.mean([price_round(profile, round_counts(o, b)) for o, _ in samples])
                                   for b in budgets])  # fmt: skip

@@ -43,7 +43,7 @@ from collectors.collect.plan import pair_tree
 from collectors.pricing.profile_rounds import Reference, grown, prefix_tree, real_rounds, reference_context
 from collectors.pricing.profiling import mid_job
 from config.params import load_params, resolve
-from decoder.config import TreeConfig
+from decoder.core.config import TreeConfig
 
 
 def timed(

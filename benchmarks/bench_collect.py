@@ -20,8 +20,8 @@ from collectors.collect.plan import load_registered_pair, report_prompts, tree_c
 from collectors.collect.replay import Replayer
 from collectors.collect.report import ReportSpec
 from config.params import load_params
-from decoder.config import DecodeConfig
-from decoder.policies import schedule_bits
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import schedule_bits
 
 
 def bench_pair(

@@ -26,13 +26,12 @@ import numpy as np
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.construct import RoundBuilder
-from decoder.generate import _speculative, generate
-from decoder.models import make_pair
-from decoder.ngram import NgramDrafter
-from decoder.policies import FixedSchedule, parse_policy
-from decoder.tensors import (
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.construct import RoundBuilder
+from decoder.core.decode import _speculative
+from decoder.core.ngram import NgramDrafter
+from decoder.core.policies import FixedSchedule, parse_policy
+from decoder.core.tensors import (
     ROW_BLOCK,
     QueryBlock,
     additive_mask,
@@ -41,9 +40,11 @@ from decoder.tensors import (
     compact_cache,
     forward_block,
 )
-from decoder.timing import zero_times
-from decoder.tree import DraftTree
-from decoder.verify import Prefill, TopLogps, Verdict
+from decoder.core.timing import zero_times
+from decoder.core.tree import DraftTree
+from decoder.core.verify import Prefill, TopLogps, Verdict
+from decoder.generate import generate
+from decoder.models.pair import make_pair
 
 
 def stdlib_token_ids(n: int, vocab: int = 4096) -> list[int]:
@@ -142,7 +143,7 @@ CONTEXTS = (1024, 8192, 32768)
 
 
 class TextRows:
-    """The prompt's rows as the real prefill hands them to the loop (decoder.verify.PromptRows: a
+    """The prompt's rows as the real prefill hands them to the loop (decoder.core.verify.PromptRows: a
     block of ROW_BLOCK positions, aligned to position 0, when first read), cut from precomputed
     lists instead of an output head."""
 
@@ -230,7 +231,7 @@ def bench_context_rounds(
     """Per round, ms outside forwards (ngram + scheduler + tree) and ms of KV compaction where rows
     move, all-small.
 
-    The real loop (decoder.generate._speculative) runs on real text; a TextVerifier replaces the
+    The real loop (decoder.core.decode._speculative) runs on real text; a TextVerifier replaces the
     target's forward. Every context ends at the same point of the text, so each decodes the same
     continuation. With `window`, only the last `window` context tokens keep their ids and the text
     before them is remapped to ids of its own (shifted by the vocabulary), so every context drafts

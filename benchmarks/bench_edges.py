@@ -13,7 +13,7 @@ build_ddtree with those edge scores. The added overhead per round is the median 
 forward is not part of either, so this is the decision work GRAFT's 0.3 ms target is about.
 
 ``rule ms`` is full GRAFT's other per-round decision: the learned per-round budget
-(decoder/block_budget.py, rule_budget) on the round's TDES tree at cap = B, timed in the same
+(decoder/graft/budget.py, rule_budget) on the round's TDES tree at cap = B, timed in the same
 alternation with a fixed rule (its weights and cost curve do not change the work: the tree's first
 B nodes are always scored), and ``graft ms`` = added + rule, the figure the target caps.
 """
@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 import polars as pl
 
-from decoder.block_budget import rule_budget
-from decoder.config import BlockBudgetRule
-from decoder.ddtree import build_ddtree
-from decoder.edge_scorer import load_edge_scorer
+from decoder.core.config import BlockBudgetRule
+from decoder.graft.budget import rule_budget
+from decoder.graft.ddtree import build_ddtree
+from decoder.graft.edge_scorer import load_edge_scorer
 from features.edge_schemas import EDGE_ROUNDS
 from features.tables import read_table
 from models.edge_cv import round_arrays

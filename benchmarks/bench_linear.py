@@ -5,8 +5,8 @@ Usage (after `python -m models.real_pair`; any registered pair works):
         [--pair qwen2.5-coder-1.5b-0.5b-fp32] [--sizes 1 2 3 4 8 16] [--context 256] [--repeats 7]
         [--decode-tokens 24] [--out artifacts/bench/linear.json]
 
-The pair's target and mid are each loaded twice in the pair's dtype (as decoder.models.load_pair
-loads them): with stock nn.Linear layers and with `linear: onednn` (decoder.onednn_linear's
+The pair's target and mid are each loaded twice in the pair's dtype (as decoder.models.pair.load_pair
+loads them): with stock nn.Linear layers and with `linear: onednn` (decoder.models.onednn_linear's
 OneDNNLinear: oneDNN's inner product on the layer's own weight). For each model and each n, a
 forward of n tokens on a cache of --context committed tokens runs --repeats times per kernel, the
 kernels alternating, the cache cropped back outside the timed part. Then each kernel's target
@@ -35,8 +35,8 @@ from transformers import AutoTokenizer, DynamicCache
 
 from benchmarks.bench_mid import context_tokens
 from config.params import load_params
-from decoder.models import LINEAR_KERNELS, load_causal_lm
-from decoder.tensors import causal_block, crop_cache, forward_block
+from decoder.core.tensors import causal_block, crop_cache, forward_block
+from decoder.models.pair import LINEAR_KERNELS, load_causal_lm
 
 
 def time_forwards(models: dict[str, torch.nn.Module], context: list[int], sizes: list[int], repeats: int):

@@ -12,7 +12,7 @@ tied to the input embedding as in Qwen2.5-Coder 0.5B/1.5B) and saved to a tempor
 --model, that local model folder is measured (e.g. a real pair's target).
 
 Each kernel runs in its own fresh Python process (glibc keeping freed memory, as the decoder CLI
-does): load as decoder.models.load_causal_lm loads (stock; `linear: onednn`; and for comparison
+does): load as decoder.models.pair.load_causal_lm loads (stock; `linear: onednn`; and for comparison
 "onednn-copy", torch.utils.mkldnn.MkldnnLinear, the oneDNN path before the weights were held once,
 which copies every linear weight), then prefill --context tokens and decode --decode-tokens tokens
 greedily, so that every weight page has been read as in real decoding. Printed per kernel: RSS after
@@ -39,9 +39,9 @@ import torch
 from torch.utils.mkldnn import MkldnnLinear
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from decoder.memory import configure_process
-from decoder.models import load_causal_lm
-from decoder.tensors import causal_block, forward_block
+from decoder.core.tensors import causal_block, forward_block
+from decoder.models.memory import configure_process
+from decoder.models.pair import load_causal_lm
 
 KERNELS = ("stock", "onednn", "onednn-copy")
 STATUS_KEYS = {"VmRSS": "rss", "VmHWM": "peak", "RssAnon": "anon", "RssFile": "file"}

@@ -6,7 +6,7 @@ Usage (after the zoo stage: artifacts/zoo/<mid>/ exist):
     .venv/bin/python benchmarks/bench_mid.py --profile real-pair --pairs qwen2.5-coder-1.5b-0.5b \
         --sizes 1 8 32 --repeats 5 --out artifacts/bench/mid_real.json   # the real pair's 0.5B mid
 
-For each registered pair's mid model (loaded as decoder.models.load_pair loads it) and each n, on
+For each registered pair's mid model (loaded as decoder.models.pair.load_pair loads it) and each n, on
 a cache of --context committed tokens (Python standard library source, tokenized), four calls
 run interleaved --repeats times each, in a rotating order:
 - plain: the model's own forward of n committed tokens (causal, logits_to_keep=n), as generate runs it;
@@ -36,14 +36,14 @@ import torch
 from transformers import AutoTokenizer, DynamicCache
 
 from config.params import load_params
-from decoder.config import TreeConfig
-from decoder.construct import RoundBuilder
-from decoder.mid import MidDrafter, TreeScores
-from decoder.models import load_causal_lm
-from decoder.ngram import NgramDrafter
-from decoder.policies import BuildState
-from decoder.tensors import causal_block, crop_cache, forward_block
-from decoder.tree import DraftTree, top_w
+from decoder.core.config import TreeConfig
+from decoder.core.construct import RoundBuilder
+from decoder.core.mid import MidDrafter, TreeScores
+from decoder.core.ngram import NgramDrafter
+from decoder.core.policies import BuildState
+from decoder.core.tensors import causal_block, crop_cache, forward_block
+from decoder.core.tree import DraftTree, top_w
+from decoder.models.pair import load_causal_lm
 
 PAIRS = ("zoo-m", "zoo-chat-m", "zoo-l")
 

@@ -16,7 +16,7 @@ evaluate.datasets from evaluate.prompt_start on (artifacts/data, written by the 
 Policy: a registered pair decodes with the budget stage's decode_policy at its chosen shape when
 budgets.json has it; otherwise, and for a pair by path, --policy at the shape given here (the
 defaults are issue 51's B = 6, W x m = 2 x 2, n-gram matches >= 2). --switch-off wraps the policy
-in decoder.switch_off.SwitchOff, priced with the pair's latency profile (the profile stage's for a
+in decoder.deploy.switch_off.SwitchOff, priced with the pair's latency profile (the profile stage's for a
 registered pair, --latency-profile for one by path).
 Per dtype the pair is loaded afresh and every prompt is decoded by AR and by the policy --repeats
 times, each keeping its median-time run (one shared warm-up first, wall clock only). By default
@@ -65,15 +65,15 @@ from collectors.evaluation.bootstrap import paired_interval
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, load_params, resolve
 from decoder.check_lossless import check_outputs, fp32_judge
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.generate import GenerationResult
-from decoder.latency import LatencyProfile, load_profile
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.outcome import GenerationResult
+from decoder.core.policies import AR
+from decoder.deploy.latency import LatencyProfile, load_profile
+from decoder.deploy.round_prices import ProfilePricer
+from decoder.deploy.switch_off import SwitchOff, priced_switch_off
 from decoder.measure import Method, Repeats, median_run, run_side_by_side
-from decoder.memory import keep_freed_memory
-from decoder.models import load_pair
-from decoder.policies import AR
-from decoder.round_prices import ProfilePricer
-from decoder.switch_off import SwitchOff, priced_switch_off
+from decoder.models.memory import keep_freed_memory
+from decoder.models.pair import load_pair
 
 log = logging.getLogger("bench_never_loses")
 MAX_PROMPT_TOKENS = 256
@@ -366,7 +366,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--topk", type=int, default=2)
     p.add_argument("--ngram-min-n", type=int, default=2)
     p.add_argument(
-        "--switch-off", action="store_true", help="wrap the policy in decoder.switch_off.SwitchOff"
+        "--switch-off", action="store_true", help="wrap the policy in decoder.deploy.switch_off.SwitchOff"
     )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument(
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
     params = load_params(profile=args.profile)
     torch.set_num_threads(params.runtime.torch_threads)
     if params.runtime.keep_freed_memory:
-        keep_freed_memory()  # as the pipeline's decoding stages (decoder/memory.py)
+        keep_freed_memory()  # as the pipeline's decoding stages (decoder/models/memory.py)
     try:
         questions = (
             load_questions(args.questions)[: args.limit]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-import decoder.generate
+import decoder.core.decode
 from benchmarks.pair_sources import TINY, bench_prompts, load_named
 from collectors.collect.plan import pair_tree, report_questions
 from collectors.collect.records import runtime_for
@@ -49,10 +49,10 @@ from collectors.pricing.pricing_check import (
 from collectors.pricing.profile_rounds import student_like
 from collectors.pricing.profiling import measure_profile
 from config.params import load_params, resolve
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.latency import load_profile
-from decoder.memory import configure_process
-from decoder.scheduler import load_scheduler
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.deploy.latency import load_profile
+from decoder.deploy.scheduler import load_scheduler
+from decoder.models.memory import configure_process
 
 
 def main() -> None:
@@ -105,7 +105,7 @@ def main() -> None:
     if args.cpu_clock:
         if args.threads != 1:
             parser.error("--cpu-clock needs --threads 1 (other torch threads' CPU time is not counted)")
-        decoder.generate.make_clock = lambda device: time.thread_time  # what generate times rounds with
+        decoder.core.decode.make_clock = lambda device: time.thread_time  # what generate times rounds with
     params = load_params(
         profile=args.overlay, overrides={"zoo": {"out_dir": args.zoo_dir}} if args.zoo_dir else None
     )

@@ -33,7 +33,7 @@ from benchmarks.pair_sources import TINY, load_named
 from collectors.pricing.profile_rounds import Reference, grown, real_rounds, reference_context
 from collectors.pricing.profiling import grid_jobs, make_grid, profile_clock, robust_medians
 from config.params import load_params, resolve
-from decoder.config import TreeConfig
+from decoder.core.config import TreeConfig
 
 MIXES = {  # name -> the component kinds timed beside the verify jobs
     "ar": ("ar",),

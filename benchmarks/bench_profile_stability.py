@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from benchmarks.pair_sources import TINY, load_named
+from collectors.pricing.profile_passes import Agreement, compare_profiles, save_profile
 from collectors.pricing.profiling import measure_profile
 from config.params import load_params, resolve
-from decoder.latency import Agreement, compare_profiles, save_profile
 
 
 def format_agreement(pair: str, run: int, rows: list[Agreement], tolerance: float) -> str:

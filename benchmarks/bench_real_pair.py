@@ -50,14 +50,14 @@ from collectors.data.prompts import encode_prompts, load_benchmarks
 from collectors.pricing.budget_file import BUDGETS_FILE
 from config.params import Params, load_params, resolve
 from decoder.check_lossless import check_outputs, fp32_judge
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.generate import GenerationResult
-from decoder.latency import LatencyProfile
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.outcome import GenerationResult
+from decoder.core.policies import AR
+from decoder.deploy.latency import LatencyProfile
+from decoder.deploy.scheduler import load_scheduler
 from decoder.measure import Method, run_side_by_side, summarise_results
-from decoder.memory import configure_process
-from decoder.models import load_pair
-from decoder.policies import AR
-from decoder.scheduler import load_scheduler
+from decoder.models.memory import configure_process
+from decoder.models.pair import load_pair
 
 log = logging.getLogger("bench_real_pair")
 PAIRS = ("qwen2.5-coder-1.5b-0.5b", "qwen2.5-coder-1.5b-0.5b-fp32")  # bf16, fp32

@@ -30,9 +30,9 @@ import torch
 
 from collectors.data.prompts import encode_prompts, load_benchmarks
 from config.params import Params, load_params, resolve
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
 from decoder.measure import measure_policies
-from decoder.models import load_pair
+from decoder.models.pair import load_pair
 
 log = logging.getLogger("bench_regimes")
 POLICIES = ("ar", "all-small", "all-mid")

@@ -40,11 +40,13 @@ from benchmarks.bench_real_pair import held_back_prompts
 from collectors.collect.plan import tree_config
 from config.params import load_params
 from decoder.check_lossless import compare, fp32_judge
-from decoder.config import DecodeConfig
-from decoder.generate import GenerationResult, autoregressive, generate
-from decoder.models import load_pair
-from decoder.timing import make_clock
-from decoder.verify import TargetVerifier
+from decoder.core.config import DecodeConfig
+from decoder.core.decode import autoregressive
+from decoder.core.outcome import GenerationResult
+from decoder.core.timing import make_clock
+from decoder.core.verify import TargetVerifier
+from decoder.generate import generate
+from decoder.models.pair import load_pair
 
 
 def rounds_line(res: GenerationResult) -> str:

@@ -1,4 +1,4 @@
-"""Scheduler decision latency in microseconds (NumPy inference of decoder/scheduler.py).
+"""Scheduler decision latency in microseconds (NumPy inference of decoder/deploy/scheduler.py).
 
 Prints per decision: the student's MLP alone (feature extraction excluded), the full policy call
 on a realistic draft tree (tree signals + context + history + MLP), the tree signals alone, and the
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder.ngram import NgramDrafter
-from decoder.planning import HEADS, suffix_feature_names
-from decoder.policies import BuildState, RuntimeContext, StepContext
-from decoder.scheduler import build_manifest, load_scheduler, load_value_planner, write_artifact
-from decoder.state import state_feature_names, step_signals, tree_signals
-from decoder.tree import DraftTree
+from decoder.core.ngram import NgramDrafter
+from decoder.core.policies import BuildState, RuntimeContext, StepContext
+from decoder.core.state import state_feature_names, step_signals, tree_signals
+from decoder.core.tree import DraftTree
+from decoder.deploy.planning import HEADS, suffix_feature_names
+from decoder.deploy.scheduler import build_manifest, load_scheduler, load_value_planner, write_artifact
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
            "preview_overlap_ratio", "preview_mean_score")  # fmt: skip

@@ -5,7 +5,7 @@ Spec-Bench answers under ``wall_check.out_dir/specbench/deployed/``, or under th
 are decoded again and compared:
 - with the bundle loaded by ``decoder.load_deployment`` (what a user gets from the CLI or Python);
 - with the policy rebuilt from the exported student at the bundle's threshold offset
-  (``decoder.deployment.threshold_variants``, the path evaluate's rows took before bundles existed).
+  (``decoder.deploy.deployment.threshold_variants``, the path evaluate's rows took before bundles existed).
 Tokens must equal evaluate's answer text and accepted lengths per round, and the per-round
 mid-call decisions of the two decodes must be identical. Prints one line per dataset and a total;
 exits 1 on any disagreement.
@@ -22,9 +22,9 @@ import sys
 from collectors.collect.plan import load_registered_pair, tree_config
 from collectors.evaluation.priced_tasks import cell_inputs
 from config.params import load_params, resolve
-from decoder.deployment import load_deployment, threshold_variants
+from decoder.deploy.deployment import load_deployment, threshold_variants
 from decoder.generate import generate
-from decoder.memory import configure_process
+from decoder.models.memory import configure_process
 from models.offline import THRESHOLD_OFFSETS
 
 

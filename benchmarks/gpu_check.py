@@ -41,15 +41,17 @@ from benchmarks.gpu_check_parts import (
 )
 from collectors.collect.plan import tree_config
 from collectors.pricing.budget_sweep import sweep_pair
+from collectors.pricing.profile_passes import save_profile
 from collectors.pricing.profiling import device_name, measure_profile
 from config.params import Params, resolve
-from decoder.block_drafter import load_block_drafter
 from decoder.check_lossless import check_outputs, fp32_judge
-from decoder.config import BlockConfig, DecodeConfig, TreeConfig
-from decoder.edge_scorer import EdgeScorerError, load_edge_scorer
-from decoder.generate import GenerationResult, generate
-from decoder.latency import LatencyProfile, load_profile, save_profile
-from decoder.models import ModelPair, load_pair
+from decoder.core.config import BlockConfig, DecodeConfig, TreeConfig
+from decoder.core.outcome import GenerationResult
+from decoder.deploy.latency import LatencyProfile, load_profile
+from decoder.generate import generate
+from decoder.graft.drafter import load_block_drafter
+from decoder.graft.edge_scorer import EdgeScorerError, load_edge_scorer
+from decoder.models.pair import ModelPair, load_pair
 from pipeline.budget import choose, shape_key, tree_shapes
 
 log = logging.getLogger("gpu_check")

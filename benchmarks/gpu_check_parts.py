@@ -17,12 +17,12 @@ from typing import Any
 
 from collectors.data.embedded_data import stdlib_files
 from config.params import Params, ZooParams, load_params, resolve
-from decoder.block import BlockProposer
-from decoder.edge_scorer import EdgeScorer
-from decoder.generate import GenerationResult
-from decoder.latency import LatencyProfile, counts_from_round, price_ar, price_round
-from decoder.policies import RuntimeContext
-from decoder.templates import get_template, render
+from decoder.core.outcome import GenerationResult
+from decoder.core.policies import RuntimeContext
+from decoder.deploy.latency import LatencyProfile, counts_from_round, price_ar, price_round
+from decoder.graft.block import BlockProposer
+from decoder.graft.edge_scorer import EdgeScorer
+from decoder.models.templates import get_template, render
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from collectors.data.prompts import encode_prompts, load_benchmarks
 from collectors.pricing.profile_rounds import reference_context
 from config.params import Params, resolve
-from decoder.models import ModelPair, load_pair, make_pair
+from decoder.models.pair import ModelPair, load_pair, make_pair
 
 log = logging.getLogger(__name__)
 TINY = "tiny"

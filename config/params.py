@@ -44,16 +44,16 @@ K = TypeVar("K")
 
 # Allowed values, copied from the code that consumes them (config imports nothing of the project;
 # tests/test_params_validation.py checks each copy against its source).
-DTYPES = ("float32", "float16", "bfloat16")  # decoder.models.DTYPES
-DEVICE = r"cpu|mps|cuda(:[0-9]+)?"  # what decoder.models.check_device can load onto
-LINEAR_KERNELS = ("stock", "onednn")  # decoder.models.LINEAR_KERNELS
-TEMPLATES = ("zoo", "chatml", "llama3", "plain")  # decoder.templates.TEMPLATES
+DTYPES = ("float32", "float16", "bfloat16")  # decoder.models.pair.DTYPES
+DEVICE = r"cpu|mps|cuda(:[0-9]+)?"  # what decoder.models.pair.check_device can load onto
+LINEAR_KERNELS = ("stock", "onednn")  # decoder.models.pair.LINEAR_KERNELS
+TEMPLATES = ("zoo", "chatml", "llama3", "plain")  # decoder.models.templates.TEMPLATES
 ORDERS = ("lockstep", "sequential")  # how side-by-side decodes share the machine (decoder.measure)
-PAIR_TEMPLATES = (*TEMPLATES, "auto")  # + decoder.templates.AUTO: the tokenizer's own chat template
+PAIR_TEMPLATES = (*TEMPLATES, "auto")  # + decoder.models.templates.AUTO: the tokenizer's own chat template
 # A user's Spec-Bench question file: inside prompts/, the folder dvc.yaml's data stage depends on.
 QUESTIONS = r"(prompts/[A-Za-z0-9._/-]+\.jsonl)?"
 ARCHS = ("qwen3", "llama")  # models.lm_training.ARCHS
-GRAFTING = ("non_destructive", "overwrite")  # decoder.config.Grafting
+GRAFTING = ("non_destructive", "overwrite")  # decoder.core.config.Grafting
 BUDGET_MODES = ("measured", "fixed")  # pipeline.budget.MODES
 COLLECT_MODES = ("replay", "execute")  # the collectors and their table contract import this one
 BACKENDS = ("local", "ray")  # collectors.collect.plan.BACKENDS
@@ -139,7 +139,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class BlockDrafterSpec:
-    """One zoo block drafter (decoder/block_drafter.py) for the zoo target ``target``.
+    """One zoo block drafter (decoder/graft/drafter.py) for the zoo target ``target``.
 
     It reads ``target_layers`` hidden states of the target (evenly spread over its depth) at the last
     ``context`` positions and predicts ``k`` positions per forward. It trains ``steps`` steps on
@@ -185,7 +185,7 @@ class PairSpec:
     dtype: str = rule(choices=DTYPES)
     device: str = rule(pattern=DEVICE)
     template: str = rule(choices=PAIR_TEMPLATES)  # auto: the tokenizer's chat_template
-    linear: str = rule(choices=LINEAR_KERNELS)  # the models' nn.Linear kernel: decoder.models.LINEAR_KERNELS
+    linear: str = rule(choices=LINEAR_KERNELS)  # nn.Linear kernel: decoder.models.pair.LINEAR_KERNELS
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ class RealPairParams:
 
 @dataclass(frozen=True)
 class TreeParams:
-    """Draft-tree settings shared by every stage that decodes (fields of decoder.config.TreeConfig)."""
+    """Draft-tree settings shared by every stage that decodes (fields of decoder.core.config.TreeConfig)."""
 
     depth: int = rule(ge=1)
     width: int = rule(ge=1)
@@ -223,7 +223,7 @@ class TreeParams:
 
 @dataclass(frozen=True)
 class ProfileParams:
-    """The ``profile`` stage: one latency profile per pair (see decoder/latency.py)."""
+    """The ``profile`` stage: one latency profile per pair (see decoder/deploy/latency.py)."""
 
     pairs: tuple[str, ...] = rule(nonempty=True)
     out_dir: str
@@ -258,7 +258,7 @@ class BudgetParams:
     shapes: tuple[tuple[int, ...], ...] = rule(ge=1)
     # mixed fixed schedules (bit strings, e.g. "10101") swept beside All-Small and All-Mid
     schedules: tuple[str, ...] = rule(pattern=BITS)
-    # per-round budget rule (decoder/budget.py verify_budget): multipliers of the gain scale fitted
+    # per-round budget rule (decoder/core/budget.py verify_budget): multipliers of the gain scale fitted
     # on the sweep's rounds (collectors/pricing/budget_sweep.py gain_scale) tried; [] = off
     round_gain_scales: tuple[float, ...] = rule((), gt=0)
     # the rule replaces the fixed budget only when it prices at least this much faster (0.02 = 2%)
@@ -474,7 +474,7 @@ class RuntimeParams:
     """How the decoding stages (profile, collect, evaluate) use the machine."""
 
     torch_threads: int = rule(ge=1)  # 1 keeps timings stable on a shared 2-core machine
-    keep_freed_memory: bool  # glibc keeps freed memory (decoder/memory.py): no page faults in rounds
+    keep_freed_memory: bool  # glibc keeps freed memory (decoder/models/memory.py): no page faults in rounds
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """decoder: the runtime (no offline package). ``load_deployment`` loads a pair's deployment bundle
-(decoder/deployment.py: NumPy and safetensors only, no torch)."""
+(decoder/deploy/deployment.py: NumPy and safetensors only, no torch)."""
 
-from decoder.deployment import Deployment, DeploymentError, load_deployment
+from decoder.deploy.deployment import Deployment, DeploymentError, load_deployment
 
 __all__ = ["Deployment", "DeploymentError", "load_deployment"]

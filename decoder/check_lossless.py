@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from decoder.config import DecodeConfig
-from decoder.generate import check_prompt, encode_prompt, generate
-from decoder.models import load_causal_lm, load_pair
-from decoder.policies import AR, parse_policy, uses_mid
-from decoder.tensors import causal_block, forward_block
+from decoder.core.config import DecodeConfig
+from decoder.core.decode import check_prompt, encode_prompt
+from decoder.core.policies import AR, parse_policy, uses_mid
+from decoder.core.tensors import causal_block, forward_block
+from decoder.generate import generate
+from decoder.models.pair import load_causal_lm, load_pair
 
 RELATIVE_TOLERANCE = {torch.float32: 0.0, torch.bfloat16: 2.0**-5, torch.float16: 2.0**-8}
 

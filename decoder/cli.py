@@ -2,24 +2,30 @@
 
 `python -m decoder --target PATH [--mid PATH] --prompt TEXT --policy 10101 [--budget B] [--width W]
 [--topk M] [--ngram-min-n N] [--linear onednn]`. The tree flags are TreeConfig's fields
-(decoder/config.py), so the shape the `budget` stage chooses for a pair (its B*, width x topk and
+(decoder/core/config.py), so the shape the `budget` stage chooses for a pair (its B*, width x topk and
 the n-gram drafter's shortest match) decodes from here as it does in the pipeline.
 
+`--policy ddtree` decodes with GRAFT's DDTree from a block proposer: a trained block drafter
+(`--block-drafter DIR`, the zoo stage writes them; decoder/graft/drafter.py) or, without one, the
+mid drafter as a stand-in; `--edge-scorer DIR` ranks the tree with a TDES edge scorer (the
+fit_edges stage writes them; decoder/graft/edge_scorer.py).
+
 `python -m decoder --deployment DIR [--pair NAME] [--expect-sha256 HEX] [--switch-off] --prompt TEXT`
-decodes with a pair's deployment bundle (decoder/deployment.py): its models, dtype and kernel (flags
+decodes with a pair's deployment bundle (decoder/deploy/deployment.py): its models, dtype and kernel (flags
 override them), the prompt in the pair's template, its tree shape, and its policy (the learned
 scheduler at the pair check's threshold, or the fallback) beside AR, All-Small and All-Mid. The
-table's ``deployed`` row is that policy (with --switch-off, wrapped in decoder.switch_off.SwitchOff,
+table's ``deployed`` row is that policy (with --switch-off, wrapped in decoder.deploy.switch_off.SwitchOff,
 priced with the bundle's latency profile); per request, ``gain`` is the net wall-clock gain over AR
 (prefill included), ``A`` the accepted drafted tokens per round, ``mid/step`` the share of drafting
 steps that called the mid drafter. Freed memory
-stays in the process, as in the pipeline's decoding stages (decoder/memory.py), unless
+stays in the process, as in the pipeline's decoding stages (decoder/models/memory.py), unless
 --release-freed-memory. The text printed is the target's own output (greedy: token-identical to
 autoregressive decoding, checked in the table's `lossless` column).
 
 Exit status 2 with one `error: ...` line on stderr for bad input (flags, paths, prompts that do not
 fit, models that cannot be used); argparse reports malformed flags the same way. This module is an
-entry point, apart from the library (decoder/generate.py, decoder/measure.py), so neither imports it.
+entry point, apart from the library (decoder/core/decode.py, decoder/measure.py), so
+neither imports it.
 """
 
 from __future__ import annotations
@@ -29,15 +35,18 @@ import math
 import sys
 from dataclasses import replace
 
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.deployment import Deployment, load_deployment
-from decoder.generate import check_prompt, encode_prompt, generate
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.decode import check_prompt, encode_prompt
+from decoder.core.policies import AR, DDTREE, parse_policy, uses_mid
+from decoder.deploy.deployment import Deployment, load_deployment
+from decoder.deploy.switch_off import for_deployment
+from decoder.generate import check_block_prompt, generate
+from decoder.graft.drafter import load_block_drafter
+from decoder.graft.edge_scorer import load_edge_scorer
 from decoder.measure import Method, format_table, policy_name, run_side_by_side, summarise_results
-from decoder.memory import keep_freed_memory
-from decoder.models import LINEAR_KERNELS, ModelPair, load_pair
-from decoder.policies import AR, parse_policy, uses_mid
-from decoder.switch_off import for_deployment
-from decoder.templates import render_prompt
+from decoder.models.memory import keep_freed_memory
+from decoder.models.pair import LINEAR_KERNELS, ModelPair, load_pair
+from decoder.models.templates import render_prompt
 
 DEFAULT_TREE = TreeConfig()
 TREE_FLAGS = ("budget", "width", "topk", "ngram_min_n")
@@ -51,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mid", help="local folder of the mid drafter (same tokenizer as the target)")
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--policy", help="ar | ddtree | all-small (default) | all-mid | a bit string like 10101")
+    graft = p.add_argument_group("GRAFT (--policy ddtree)")
+    graft.add_argument("--block-drafter", help="folder of a trained block drafter for the target")
+    graft.add_argument("--edge-scorer", help="folder of a TDES edge scorer for that block drafter")
     dep = p.add_argument_group("deployment bundle (the pipeline's deploy stage: artifacts/deploy)")
     dep.add_argument("--deployment", help="bundle folder (with index.json) or one pair's folder")
     dep.add_argument("--pair", help="the pair to deploy (optional when the bundle holds one)")
@@ -58,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dep.add_argument(
         "--switch-off",
         action="store_true",
-        help="per request, turn speculation off while it prices below AR (decoder/switch_off.py), "
+        help="per request, turn speculation off while it prices below AR (decoder/deploy/switch_off.py), "
         "rounds priced with the bundle's latency profile",
     )
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -96,7 +108,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--release-freed-memory",
         action="store_true",
         help="leave glibc's malloc as it is: freed memory goes back to the kernel and a round's tensors "
-        "fault their pages in again (slower on a CPU; decoder/memory.py)",
+        "fault their pages in again (slower on a CPU; decoder/models/memory.py)",
     )
     p.add_argument("--no-compare", action="store_true", help="skip the side-by-side autoregressive run")
     return p.parse_args(argv)
@@ -137,12 +149,37 @@ def _policy_run(args: argparse.Namespace) -> tuple[ModelPair, list[int], list[Me
     parsed = parse_policy(policy, config.tree.depth)
     if uses_mid(parsed) and args.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter: pass --mid PATH")
+    graft_flags = [f"--{f.replace('_', '-')}" for f in ("block_drafter", "edge_scorer") if getattr(args, f)]
+    if graft_flags and parsed != DDTREE:
+        raise ValueError(f"{', '.join(graft_flags)} serve --policy ddtree only, not {policy!r}")
+    if parsed == DDTREE and args.mid is None and args.block_drafter is None:
+        raise ValueError(
+            "policy 'ddtree' drafts with a block proposer: pass --block-drafter DIR or --mid PATH"
+        )
     mid = args.mid if parsed != AR else None
     flags = {n: model_flag(args, n) for n in MODEL_DEFAULTS}
     pair = load_pair(args.target, mid, flags["dtype"], flags["device"], flags["linear"])
     ids = encode_prompt(pair.tokenizer, args.prompt, raw=args.raw)
-    check_prompt(pair, ids, config, parsed)
-    return pair, ids, [Method(policy_name(policy), policy)], config, [None]
+    method = Method(policy_name(policy), policy)
+    if parsed == DDTREE:
+        method = ddtree_method(args, pair, config)
+        stand_in = method.proposer is None  # generate's: a causal-LM proposer over the mid drafter
+        k = config.block.k if stand_in else method.proposer.k
+        check_block_prompt(pair, ids, config, k, pair.mid if stand_in else None)
+    else:
+        check_prompt(pair, ids, config, parsed)
+    return pair, ids, [method], config, [None]
+
+
+def ddtree_method(args: argparse.Namespace, pair: ModelPair, config: DecodeConfig) -> Method:
+    """'ddtree' with the flags' block drafter (else generate's stand-in over the mid drafter) and
+    edge scorer, each loaded and checked against the target."""
+    proposer = load_block_drafter(args.block_drafter, pair.target) if args.block_drafter else None
+    scorer = None
+    if args.edge_scorer:
+        k = proposer.k if proposer is not None else config.block.k
+        scorer, _ = load_edge_scorer(args.edge_scorer, pair.vocab_size, k)
+    return Method(DDTREE, DDTREE, proposer=proposer, edge_scorer=scorer)
 
 
 def _deployment_run(
@@ -195,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         pair, ids, methods, config, runtime = run(args)
         tok = pair.tokenizer
         if args.no_compare:
-            res = generate(pair, ids, methods[-1].policy, config, runtime[0], timing=False)
+            last = methods[-1]
+            res = generate(pair, ids, last.policy, config, runtime[0], False, last.proposer, last.edge_scorer)
             print(tok.decode(res.new_tokens))
             print(
                 f"{len(res.new_tokens)} tokens in {res.wall_s:.3f} s = {res.tokens_per_s:.1f} tok/s, "

@@ -22,11 +22,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.generate import GenerationResult, Steps, generate, generate_steps
-from decoder.models import ModelPair
-from decoder.policies import AR, RuntimeContext, StepContext
-from decoder.timing import make_clock
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.decode import Steps
+from decoder.core.outcome import GenerationResult
+from decoder.core.policies import AR, RuntimeContext, StepContext
+from decoder.core.timing import make_clock
+from decoder.generate import generate, generate_steps
+from decoder.graft.block import BlockProposer
+from decoder.graft.edge_scorer import EdgeScorer
+from decoder.models.pair import ModelPair
 
 Policy = str | Callable[[StepContext], bool]
 
@@ -76,11 +80,14 @@ def summarise(name: str, results: list[GenerationResult], ar_tps: float, lossles
 
 @dataclass(frozen=True)
 class Method:
-    """A named policy, optionally with its own tree settings (ablations)."""
+    """A named policy, optionally with its own tree settings (ablations); for 'ddtree', the block
+    proposer and edge scorer it drafts with (decoder.generate.generate's)."""
 
     name: str
     policy: Policy
     tree: TreeConfig | None = None
+    proposer: BlockProposer | None = None
+    edge_scorer: EdgeScorer | None = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +183,7 @@ def run_side_by_side(
     configs = {m.name: replace(config, tree=m.tree) if m.tree is not None else config for m in methods}
     for m in methods:
         warm = replace(configs[m.name], max_new_tokens=min(warmup_tokens, config.max_new_tokens))
-        generate(pair, prompts[0], m.policy, warm, runtimes[0], timing)
+        generate(pair, prompts[0], m.policy, warm, runtimes[0], timing, m.proposer, m.edge_scorer)
     results: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}
 
     def one_pass(
@@ -184,13 +191,17 @@ def run_side_by_side(
     ) -> None:
         """Every method on the prompt once, AR first, each run added to its method's runs."""
         if lockstep:
-            decodes = [generate_steps(pair, prompt, m.policy, configs[m.name], rt, timing) for m in methods]
+            decodes = [
+                generate_steps(pair, prompt, m.policy, configs[m.name], rt, timing, m.proposer, m.edge_scorer)
+                for m in methods
+            ]
             clock = make_clock(pair.target.device)
             for m, res in zip(methods, run_lockstep(decodes, clock), strict=True):
                 runs[m.name].append(res)
             return
         for m in methods:
-            runs[m.name].append(generate(pair, prompt, m.policy, configs[m.name], rt, timing))
+            res = generate(pair, prompt, m.policy, configs[m.name], rt, timing, m.proposer, m.edge_scorer)
+            runs[m.name].append(res)
 
     for prompt, rt in zip(prompts, runtimes, strict=True):
         runs: dict[str, list[GenerationResult]] = {m.name: [] for m in methods}

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
 from features.collect_schemas import actions_spec
 from features.folds import report_folds
 from features.schemas import samples_spec, states_spec

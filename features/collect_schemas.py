@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow as pa
 
 from config.params import COLLECT_MODES
-from decoder.state import CONTEXT_NAMES, RECORDED_NAMES, state_feature_names
+from decoder.core.state import CONTEXT_NAMES, RECORDED_NAMES, state_feature_names
 from features.contracts import (
     Contract,
     GroupRule,
@@ -32,8 +32,8 @@ from features.tables import TableSpec
 SCHEMA_VERSION = "v3"  # v2: per-prompt tokens and priced milliseconds (the bootstrap over prompts);
 # v3: the history's ngram_match_frac (the n-gram lookahead) where mid_calls_frac was
 ROUNDS_VERSION = "v6"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms;
-# v4: decision_cold_ms; v5: each step's signals end with the n-gram lookahead (decoder.state.RECORDED_NAMES);
-# v6: prompt_blocks (the prompt rows the round computes, in its latency)
+# v4: decision_cold_ms; v5: each step's signals end with the n-gram lookahead
+# (decoder.core.state.RECORDED_NAMES); v6: prompt_blocks (the prompt rows the round computes, in its latency)
 MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
 
 _KEYS = (("report_id", pa.string()), ("pair_id", pa.string()), ("dataset_id", pa.string()))
@@ -51,7 +51,7 @@ _OUTCOME_RULES = (
 
 
 def bits_value(column: str, width: int) -> pl.Expr:
-    """The integer a '0'/'1' string spells, character j worth 2^j (decoder.policies.schedule_bits)."""
+    """The integer a '0'/'1' string spells, character j worth 2^j (decoder.core.policies.schedule_bits)."""
     return pl.sum_horizontal(
         (pl.col(column).str.slice(j, 1) == "1").cast(pl.Int64) * (2**j) for j in range(width)
     )
@@ -190,7 +190,7 @@ def _step_frac(depth: int) -> pl.Expr:
 
 
 def state_feature_rules(depth: int) -> tuple[Rule, ...]:
-    """Ranges of z's features (decoder/state.py) that hold for one action row and for any mean of
+    """Ranges of z's features (decoder/core/state.py) that hold for one action row and for any mean of
     rows of one state: history is a function of (step, prefix), so it is exact, not a range (an
     action row's k / D is already a mean over rounds: it may round, by 1e-12 at most)."""
     prefix = pl.col("prefix")

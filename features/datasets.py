@@ -2,7 +2,7 @@
 
 - :func:`state_matrix`: z for every canonical state, columns in the given feature order.
 - :func:`value_data`: one row per sample, x = [z of its state, suffix encoding], y (n, 4) in
-  decoder.planning.HEADS order with the other branch's two heads NaN (masked in training), and
+  decoder.deploy.planning.HEADS order with the other branch's two heads NaN (masked in training), and
   y = [A, ln(round latency ms)] for the branch the row took.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from decoder.planning import value_inputs
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
+from decoder.deploy.planning import value_inputs
 
 
 def state_matrix(states: pa.Table, names: Sequence[str]) -> np.ndarray:

@@ -5,7 +5,7 @@ and prompts; online the scheduler sees one round's raw values. This module build
 training set from the collectors' round table (every schedule's outcome from every round-table
 start, with the tree signals before each step):
 
-- z in decoder.state.state_feature_names(D) order (all 10 signals; callers pick columns):
+- z in decoder.core.state.state_feature_names(D) order (all 10 signals; callers pick columns):
   context = log1p(the prompt's own length) and the report's profiled timings (target ms, mid ms,
   their log ratio: what the runtime context and the canonical states hold); history from the bits
   of the prefix, the start's mid lag (0 once the prefix has called the mid drafter, as online)
@@ -55,8 +55,8 @@ from collections.abc import Sequence
 import polars as pl
 import pyarrow as pa
 
-from decoder.policies import RoundBackoff, schedule_bits
-from decoder.state import (
+from decoder.core.policies import RoundBackoff, schedule_bits
+from decoder.core.state import (
     CONTEXT_NAMES,
     LOOKAHEAD_NAME,
     RECORDED_NAMES,
@@ -226,7 +226,7 @@ def _history(states: pl.DataFrame, depth: int) -> pl.DataFrame:
 
 
 def _log_prompt(states: pl.DataFrame) -> pl.DataFrame:
-    """log1p(prompt tokens) per distinct length, as decoder.state.context_features computes it."""
+    """log1p(prompt tokens) per distinct length, as decoder.core.state.context_features computes it."""
     lengths = states["prompt_tokens"].unique().sort()
     return pl.DataFrame(
         {
@@ -371,7 +371,7 @@ def backoff_walk_pct(
     skip_rounds_margin: float = 0.0,
     max_target_ms: float | None = None,
 ) -> float:
-    """:func:`priced_walk_pct` with the student's cross-round backoff (decoder.policies.RoundBackoff,
+    """:func:`priced_walk_pct` with the student's cross-round backoff (decoder.core.policies.RoundBackoff,
     cap ``skip_rounds_max`` = c, idle margin ``skip_rounds_margin`` = h) carried from start to
     start: within each (report_id, prompt_id) the starts are taken in order of start_position; a
     start inside a skip-run plays 00000 with zero decisions, any other start walks as

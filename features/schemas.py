@@ -18,7 +18,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
 from features.collect_schemas import schedule_step_rules, state_feature_rules
 from features.contracts import (
     Contract,

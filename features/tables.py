@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from decoder.files import fsync_dir, sha256_of_file
+from decoder.io.files import fsync_dir, sha256_of_file
 from features.contracts import NO_CONTRACT, Contract, first_violation
 
 VERSION_KEY = b"treegraft_schema"

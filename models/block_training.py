@@ -1,8 +1,8 @@
-"""Training a block drafter (decoder/block_drafter.py) on its frozen target, on CPU.
+"""Training a block drafter (decoder/graft/drafter.py) on its frozen target, on CPU.
 
 Contract: the target runs once, teacher-forced, over a set of equal-length sequences (its own greedy
 continuations of chat prompts and corpus windows), which gives at every position t the features
-(hidden states at ``target_layers``, as decoder/block.py defines them) and the target's argmax, its
+(hidden states at ``target_layers``, as decoder/graft/block.py defines them) and the target's argmax, its
 greedy choice of token t+1. A block rooted at position t sees the features of positions < t and
 the root token x[t]; its slot i is labelled with the argmax at t+i, the token at t+i+1 that
 speculative decoding must match (on greedy continuations exactly the target's next greedy tokens).
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from config.params import BlockDrafterSpec, TrainParams
-from decoder.block_drafter import BlockDrafterConfig, BlockDrafterNet, context_slots, spread_layers
+from decoder.graft.drafter import BlockDrafterConfig, BlockDrafterNet, context_slots, spread_layers
 from models.lm_training import greedy_continuations, param_count, sample_windows, train_loop
 
 

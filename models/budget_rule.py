@@ -4,7 +4,7 @@
 learned fixed B: the rounds the rule will mostly see; collectors/graft/walk.py, node_rows), fits
 P(node on the target's path) by logistic regression (models/gain_fit.py), and for each cap in
 ``caps`` walks every prompt under the rule with that cap and the pair's measured round costs
-(collectors/graft/costs.py, rule_costs). The rule's rate (tokens per ms, decoder/block_budget.py)
+(collectors/graft/costs.py, rule_costs). The rule's rate (tokens per ms, decoder/graft/budget.py)
 starts at the rate of the pair's learned fixed B and follows Dinkelbach's iteration, rate <- the
 rate the rule walks at, for at most ``iterations`` steps or until it moves by less than 1e-6 of
 itself; the best walked (cap, rate) wins (ties: the smaller cap). Only collect prompts are read;
@@ -34,8 +34,8 @@ from collectors.graft.budget import (
 )
 from collectors.graft.costs import GraftCosts
 from collectors.graft.walk import BudgetWalker
-from decoder.block_budget import NODE_FEATURES, node_probs
-from decoder.config import BlockBudgetRule
+from decoder.core.config import BlockBudgetRule
+from decoder.graft.budget import NODE_FEATURES, node_probs
 from models.gain_fit import fit_logistic, log_loss
 
 

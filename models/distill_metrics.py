@@ -199,7 +199,7 @@ def distill_metrics(
 
 
 def manifest_fields(cfg: DistillParams, st: Students, policy: RoundPolicy, signals: tuple[str, ...]) -> dict:
-    """The exported student's decision rule as its manifest states it (decoder.scheduler reads it)."""
+    """The exported student's decision rule as its manifest states it (decoder.deploy.scheduler reads it)."""
     return {
         "signals": list(signals),
         "threshold": st.threshold,

@@ -18,8 +18,8 @@ import pyarrow as pa
 
 from collectors.evaluation.plots import new_figure
 from config.params import DistillParams
-from decoder.scheduler import build_manifest
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
+from decoder.deploy.scheduler import build_manifest
 from features.datasets import column, state_matrix
 from features.folds import fold_rows
 from models.cross_fit import FittedStudent, Fitter, fit_serially

@@ -21,8 +21,8 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from collectors.graft.edges import tree_match
-from decoder.ddtree import build_ddtree
-from decoder.edge_scorer import EdgeScorer
+from decoder.graft.ddtree import build_ddtree
+from decoder.graft.edge_scorer import EdgeScorer
 
 
 def prompt_folds(keys: list[tuple[int, str]], n_folds: int) -> dict[tuple[int, str], int]:

@@ -3,7 +3,7 @@
 Model (design/GRAFT.md): f(p, c, d) = w^T ReLU(W [g_p(e_p); g_c(e_c); e_d] + b) + b0, with e the
 target's token embeddings (frozen, shared with the target), g_p and g_c linear projections, e_d a
 learned depth embedding, and a learnable scale s = exp(log_s) > 0. The tree ranks siblings by
-z = log q_d(c) + s f(p, c, d) (decoder/edge_scorer.py renormalises z over the sibling set).
+z = log q_d(c) + s f(p, c, d) (decoder/graft/edge_scorer.py renormalises z over the sibling set).
 
 Loss, on one pair's edges: L = l_KL L_KL + l_pair L_pair + l_BCE L_BCE with
 - L_KL: KL(softmax(target logits) || softmax(z)) over the m candidates, per (round, depth) of an
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from config.params import EdgesParams
-from decoder.edge_scorer import EdgeScorer
+from decoder.graft.edge_scorer import EdgeScorer
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def fit_tdes(data: EdgeData, embeddings: torch.Tensor, k: int, cfg: EdgesParams,
 
 @torch.no_grad()
 def export_scorer(net: TDESNet) -> EdgeScorer:
-    """The runtime tables of a fitted net (decoder/edge_scorer.py)."""
+    """The runtime tables of a fitted net (decoder/graft/edge_scorer.py)."""
     tp, tc, td = net.tables()
     return EdgeScorer(
         parent_table=tp.double().numpy(),

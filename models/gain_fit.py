@@ -1,9 +1,9 @@
 """Fit GRAFT's per-node acceptance model: L2-regularised logistic regression by Newton's method.
 
 The rows are DDTree nodes of replayed rounds (collectors/graft/walk.py, BudgetWalker.node_rows):
-features decoder/block_budget.NODE_FEATURES, label 1 when the node is on the target's path. The
+features decoder/graft/budget.NODE_FEATURES, label 1 when the node is on the target's path. The
 fitted (weights, bias) give P(node accepted) = sigmoid(weights . x + bias), from which the rule of
-decoder/block_budget.py derives each round's whole gain curve. Features are standardised for the
+decoder/graft/budget.py derives each round's whole gain curve. Features are standardised for the
 solve and the coefficients mapped back, so the penalty ``l2`` (on standardised weights, not the
 bias) does not depend on feature scales. Deterministic: no sampling, no seed. One class only
 (no node ever, or always, accepted) has no finite fit: it gets zero weights and the smoothed

@@ -43,7 +43,8 @@ class Gate:
             raise ValueError(f"a gate's target_ms cap must be finite and > 0, got {self.max_target_ms}")
 
     def manifest_fields(self) -> dict[str, float]:
-        """What the exported manifest carries for it (decoder.scheduler.LearnedScheduler reads them)."""
+        """What the exported manifest carries for it (decoder.deploy.scheduler.LearnedScheduler
+        reads them)."""
         fields = {} if self.below is None else {"skip_rest_below": self.below}
         if self.max_target_ms is not None:
             fields["skip_rest_max_target_ms"] = self.max_target_ms

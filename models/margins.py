@@ -1,7 +1,7 @@
-"""Offline margins, pure NumPy: a brute-force test oracle for decoder.planning.search_margins and
+"""Offline margins, pure NumPy: a brute-force test oracle for decoder.deploy.planning.search_margins and
 the oracle margins read from the enumerated trajectories.
 
-The throughput convention and the margin's definition: decoder/planning.py.
+The throughput convention and the margin's definition: decoder/deploy/planning.py.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decoder.planning import BranchSearch, ValueFn, branch_tputs, encode_suffix
-from decoder.policies import schedule_bits
+from decoder.core.policies import schedule_bits
+from decoder.deploy.planning import BranchSearch, ValueFn, branch_tputs, encode_suffix
 
 
 def brute_force_margins(

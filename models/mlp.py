@@ -1,7 +1,7 @@
 """Plain MLP building blocks shared by the value system and the student (no Lightning here).
 
 Export naming: a head's Linear layers become ``{head}.{i}.weight`` (out, in) and ``{head}.{i}.bias``
-for i = 0, 1, ...; ReLU sits between consecutive layers, none after the last. decoder/scheduler.py
+for i = 0, 1, ...; ReLU sits between consecutive layers, none after the last. decoder/deploy/scheduler.py
 reads exactly this layout with NumPy.
 """
 

@@ -1,6 +1,6 @@
 """Optional ONNX export of an artifact head, built from the exported arrays (no torch tracing).
 
-The graph is exactly the NumPy inference of decoder/scheduler.py in float32:
+The graph is exactly the NumPy inference of decoder/deploy/scheduler.py in float32:
 (x - x_mean) / x_std -> Gemm -> Relu -> ... -> Gemm -> * y_std + y_mean, input ``x`` (n, in),
 output ``y`` (n, 1). Only the ``onnx`` package is needed to build it.
 """

@@ -14,7 +14,7 @@ the joined file's pinned SHA-256 is checked as well. A checkpoint is
 written into a temporary folder beside ``out`` with a ``conversion.json`` recording the recipe and
 the SHA-256 of every file written, then renamed to ``out``: an interrupted conversion leaves no
 ``out``, and ``out`` is reused only when its recipe matches and its files still hash to the record
-(decoder/checkpoint.py, which the decoder's loader checks too). Downloads go to a temporary folder
+(decoder/models/checkpoint.py, which the decoder's loader checks too). Downloads go to a temporary folder
 beside ``out`` as well, removed when the run ends, is killed by SIGTERM/SIGINT, or (after SIGKILL)
 by the next run.
 """
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from collectors.data.embedded_data import download
 from config.params import ChunkedModel, load_params, resolve
-from decoder.checkpoint import CheckpointError, folder_digests, verify_folder
+from decoder.models.checkpoint import CheckpointError, folder_digests, verify_folder
 
 log = logging.getLogger(__name__)
 SKIP_SUFFIXES = (".py", ".pyc", ".txt", ".md", ".toml", ".cfg", ".json", "RECORD", "METADATA", "WHEEL")

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
 from features.round_states import (
     backoff_walk_pct_by_report,
     feature_matrix,

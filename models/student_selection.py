@@ -22,7 +22,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from config.params import DistillParams
-from decoder.state import LOOKAHEAD_NAME, state_feature_names
+from decoder.core.state import LOOKAHEAD_NAME, state_feature_names
 from features.datasets import column, state_matrix
 from features.folds import fold_rows
 from models.cross_fit import (

@@ -1,7 +1,7 @@
 """Train the zoo's byte-level BPE tokenizer and wrap it as a transformers fast tokenizer.
 
 Contract: :func:`train_tokenizer` is deterministic for a given text list and settings. The result
-has ``<|endoftext|>`` as EOS and pad token, a chat template from ``decoder.templates`` (so
+has ``<|endoftext|>`` as EOS and pad token, a chat template from ``decoder.models.templates`` (so
 ``apply_chat_template`` and our own ``render`` agree), and is saved with ``save_pretrained`` next
 to every zoo model, so all zoo pairs share byte-identical tokenizer files.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from decoder.templates import get_template, jinja_chat_template
+from decoder.models.templates import get_template, jinja_chat_template
 
 log = logging.getLogger(__name__)
 

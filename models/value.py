@@ -1,6 +1,6 @@
 """The value system: four separate MLPs on [state z, future-suffix encoding] (paper section 5.4).
 
-Heads, in decoder.planning.HEADS order: accepted length and log round latency (ms) of the invoke
+Heads, in decoder.deploy.planning.HEADS order: accepted length and log round latency (ms) of the invoke
 branch, then of the skip branch. Default 23 -> 128 -> 64 -> 1 each: 4 x 11,393 = 45,572 parameters
 (the paper's count). Inputs and targets are standardized outside the module.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from decoder.planning import HEADS
+from decoder.deploy.planning import HEADS
 from models.mlp import mlp, mlp_param_count
 
 PAPER_VALUE_PARAMS = 45_572

@@ -5,10 +5,10 @@ trains one BPE tokenizer, every target (LM training, from scratch or from anothe
 then every mid drafter (distilled from its ``teacher`` target), each on its ``corpus`` files, and
 writes ``<out>/<model>/`` with ``save_pretrained`` (safetensors) plus the same tokenizer files in
 each folder. Then every block drafter (models/block_training.py) trains on its frozen target and
-is written to ``<out>/<name>/`` (decoder/block_drafter.py's files; it loads onto that target).
+is written to ``<out>/<name>/`` (decoder/graft/drafter.py's files; it loads onto that target).
 ``<out>/zoo.json`` holds sizes, losses and timings (block drafters under ``block_drafters``, with
 per-position top-1 agreement) and every folder's file digests, also written into the folder as
-``checkpoint_digest.json`` (decoder/checkpoint.py), which loading checks. Deterministic given
+``checkpoint_digest.json`` (decoder/models/checkpoint.py), which loading checks. Deterministic given
 ``zoo.seed`` and ``train.threads``.
 """
 
@@ -27,10 +27,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from config.params import ModelSpec, ZooParams
-from decoder.block_drafter import save_block_drafter
-from decoder.checkpoint import record_folder
-from decoder.templates import get_template
+from decoder.graft.drafter import save_block_drafter
+from decoder.models.templates import get_template
 from models.block_training import fit_block_drafter
+from models.checksums import record_folder
 from models.lm_training import (
     build_model,
     greedy_continuations,

@@ -20,7 +20,7 @@ drafter costing most of a target forward, say). Also recorded: each policy's bes
 curve, and SABA's budget (GRAFT's rule: c_fixed / c_verify of each policy's cost line; the policy
 whose SABA budget prices faster).
 
-The per-round rule (``budget.round_gain_scales``; decoder/budget.py `verify_budget`): each round
+The per-round rule (``budget.round_gain_scales``; decoder/core/budget.py `verify_budget`): each round
 verifies the B_t <= cap that maximises (1 + s x E[A](B)) / (fixed + verify(B + 1)), E[A] from the
 round's own path scores, so a round whose drafts are unlikely to be accepted can fall back to one
 plain target step. Candidates: caps each policy's best B and tree.budget, s the least-squares
@@ -56,8 +56,8 @@ from collectors.evaluation.plots import new_figure
 from collectors.pricing.budget_file import BUDGETS_FILE, write_budgets
 from collectors.pricing.budget_sweep import PolicySweep, RoundRule, round_rules, sweep_pair
 from config.params import Params, resolve
-from decoder.latency import LatencyProfile
-from decoder.policies import AR
+from decoder.core.policies import AR
+from decoder.deploy.latency import LatencyProfile
 from pipeline.cli import run_stage
 from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_figure, log_files, log_metrics, stage_run, write_csv, write_json

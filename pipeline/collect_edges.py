@@ -19,8 +19,8 @@ from collectors.collect.plan import dataset_file, load_registered_pair, report_q
 from collectors.collect.report import ReportSpec
 from collectors.graft.edges import Columns, PromptKey, collect_prompt, new_columns
 from config.params import Params, resolve
-from decoder.block_drafter import load_block_drafter
-from decoder.config import BlockConfig
+from decoder.core.config import BlockConfig
+from decoder.graft.drafter import load_block_drafter
 from features.edge_schemas import EDGE_ROUNDS, EDGES
 from features.tables import write_table
 from pipeline.cli import run_stage

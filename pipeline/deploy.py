@@ -12,7 +12,7 @@ later one must price more than NEAR_TIE (1%) faster to be chosen, so a near-tie 
 prompts keeps the threshold the student was fit at.
 Writes ``<deploy.out_dir>/<pair>/`` per pair (the student, deployment.json with the decision, the
 pair's tree from the budget stage, the runtime costs from its profile, the models, provenance;
-checksums.json: decoder/deployment.py) and ``<deploy.out_dir>/index.json`` with each pair's
+checksums.json: decoder/deploy/deployment.py) and ``<deploy.out_dir>/index.json`` with each pair's
 checksums digest. evaluate scores these bundles.
 """
 
@@ -32,18 +32,18 @@ from collectors.evaluation.priced_eval import NEAR_TIE, pair_check
 from collectors.evaluation.priced_tasks import calibration_range, decode_config, priced_cells
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, resolve
-from decoder.bundle import is_pair_name, write_index
-from decoder.deployment import (
+from decoder.deploy.bundle import is_pair_name
+from decoder.deploy.deployment import (
     FALLBACKS,
     threshold_variants,
     tree_record,
     variant_name,
-    write_pair_bundle,
 )
-from decoder.files import sha256_of_file
-from decoder.latency import LatencyProfile
-from decoder.runtime_costs import runtime_costs
-from decoder.scheduler import LearnedScheduler, read_artifact
+from decoder.deploy.latency import LatencyProfile
+from decoder.deploy.runtime_costs import runtime_costs
+from decoder.deploy.scheduler import LearnedScheduler, read_artifact
+from decoder.io.files import sha256_of_file
+from models.bundle import write_index, write_pair_bundle
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.cli import run_stage
 from pipeline.provenance import git_revision
@@ -107,7 +107,7 @@ def _relative(path: Path, folder: Path) -> str:
 def pair_record(
     params: Params, pair_id: str, decision: Mapping[str, object], folder: Path, profile: LatencyProfile
 ) -> dict[str, object]:
-    """deployment.json of one pair (decoder/deployment.py): its decision, the tree and decoding
+    """deployment.json of one pair (decoder/deploy/deployment.py): its decision, the tree and decoding
     settings evaluate decodes it with, the runtime costs at that tree, models and provenance."""
     config = decode_config(params, pair_id)
     tree = pair_tree(params, pair_id)

@@ -52,8 +52,8 @@ import pyarrow as pa
 
 from collectors.collect.pool import WorkerPool
 from config.params import Params, resolve
-from decoder.files import sha256_of_file
-from decoder.scheduler import write_artifact
+from decoder.deploy.scheduler import write_artifact
+from decoder.io.files import sha256_of_file
 from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.schemas import margins_spec, states_spec
 from features.signals_file import read_fold_signals, read_signals

@@ -40,8 +40,8 @@ from collectors.evaluation.fixed_cells import fixed_path, read_fixed
 from collectors.evaluation.priced_eval import ENDPOINTS, PricedCell, fastest, pooled_speedups
 from collectors.evaluation.priced_tasks import priced_cells
 from config.params import Params, resolve
-from decoder.deployment import Deployment
-from decoder.scheduler import LearnedScheduler
+from decoder.deploy.deployment import Deployment
+from decoder.deploy.scheduler import LearnedScheduler
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.cli import run_stage
 from pipeline.runtime import apply_runtime

@@ -28,7 +28,7 @@ from collectors.evaluation.fixed_cells import FIXED_METHODS, calibration_path, f
 from collectors.evaluation.priced_eval import ENDPOINTS, FIXED
 from collectors.evaluation.priced_tasks import calibration_range, cell_inputs, decode_config, priced_cells
 from config.params import Params, resolve
-from decoder.config import Grafting, TreeConfig
+from decoder.core.config import Grafting, TreeConfig
 from decoder.measure import Method
 from pipeline.cli import run_stage
 from pipeline.runtime import apply_runtime

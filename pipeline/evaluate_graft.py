@@ -18,7 +18,7 @@ never seen by collect, collect_edges or fit_edges), ``graft_eval.max_new_tokens`
    fitted on those same prompts (fit_edges' out-of-fold scorers are not exported), so the TDES
    choice sees a scorer at least as good on them as on held-back prompts.
 6. DDTree with a learned per-round budget, without and with TDES: each round's B_t from its own
-   tree by a node acceptance model and the cost curve (decoder/block_budget.py), fitted and its
+   tree by a node acceptance model and the cost curve (decoder/graft/budget.py), fitted and its
    cap chosen on the same collect prompts (models/budget_rule.py).
 7. Full GRAFT: the learned budget, chosen before any held-back prompt is read, per task where that
    prices faster on the collect prompts out of fold. Per task: each fitting dataset gets the arm
@@ -39,7 +39,7 @@ the wall-clock prompts DDTree's output at the fixed B; elsewhere the continuatio
 stage stored for the same cell and prompts (``<evaluate.out_dir>/fixed/fixed.json``); on the
 collect prompts the budget choice reads, the one the collect stage stored for the same pair and
 prompt (``<collect.out_dir>/continuations.parquet``); and where neither has one, batched greedy
-decoding's (decoder/batch_greedy.py), a prompt whose batched output the gate rejects being decoded
+decoding's (collectors/collect/batch_greedy.py), a prompt whose batched output the gate rejects being decoded
 alone. Each is cut to ``graft_eval.max_new_tokens`` and its first EOS. On
 the first ``graft_eval.wall_prompts_per_cell`` prompts of a cell every row is also decoded for real
 (identical configurations once), back to back with autoregressive decoding (the wall-clock
@@ -62,6 +62,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from collectors.collect.batch_greedy import greedy_batch
 from collectors.collect.plan import (
     dataset_file,
     load_registered_pair,
@@ -88,13 +89,12 @@ from collectors.graft.costs import GraftCosts, measure_costs
 from collectors.graft.table import ROWS, markdown, markdown_wall, row_stats
 from collectors.graft.walk import decode_ar, decode_arm
 from config.params import Params, resolve
-from decoder.batch_greedy import greedy_batch
-from decoder.block import BlockProposer
-from decoder.block_drafter import load_block_drafter
-from decoder.config import BlockBudgetRule
-from decoder.edge_scorer import EdgeScorer, load_edge_scorer
-from decoder.files import replace_atomically
-from decoder.models import ModelPair
+from decoder.core.config import BlockBudgetRule
+from decoder.graft.block import BlockProposer
+from decoder.graft.drafter import load_block_drafter
+from decoder.graft.edge_scorer import EdgeScorer, load_edge_scorer
+from decoder.io.files import replace_atomically
+from decoder.models.pair import ModelPair
 from models.budget_rule import cross_fitted_speedups, fit_budget_rule
 from pipeline.cli import run_stage
 from pipeline.runtime import apply_runtime

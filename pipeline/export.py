@@ -2,7 +2,7 @@
 
 Copies the distilled student and the value system into ``export.out_dir/`` as
 scheduler.{json,safetensors} and value_planner.{json,safetensors} with provenance (training
-data sha256, git revision, both stages' metrics), loads them back with decoder/scheduler.py
+data sha256, git revision, both stages' metrics), loads them back with decoder/deploy/scheduler.py
 (every manifest field, feature order, D, W, both checksums), checks NumPy outputs against the
 torch modules and an ONNX export of the student against NumPy. Times NumPy decisions.
 Writes metrics.json and decision_latency.csv.
@@ -22,10 +22,10 @@ import torch
 
 from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
-from decoder.artifact import WRITER_FIELDS, Artifact, read_artifact, write_artifact
-from decoder.planning import HEADS, value_inputs
-from decoder.scheduler import load_scheduler, load_value_planner
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
+from decoder.deploy.artifact import WRITER_FIELDS, Artifact, read_artifact, write_artifact
+from decoder.deploy.planning import HEADS, value_inputs
+from decoder.deploy.scheduler import load_scheduler, load_value_planner
 from features.datasets import state_matrix
 from features.schemas import states_spec
 from features.tables import read_table

@@ -4,7 +4,7 @@ For each pair of edges.pairs, on the edges and rounds collect_edges wrote: group
 metrics (models/edge_cv.py: folds by prompt; edge AUC of TDES and of the unary log q baseline, A
 and the parent-child mismatch rate at every budget of edges.eval_budgets, by marginals and with
 TDES, per dataset at edges.budget), then one fit on all of the pair's edges, exported with its
-manifest (decoder/edge_scorer.py) to ``edges.fit_dir/scorers/<pair>/``. The target's token embeddings
+manifest (decoder/graft/edge_scorer.py) to ``edges.fit_dir/scorers/<pair>/``. The target's token embeddings
 (frozen) come from the pair's target in the zoo.
 
 Writes ``edges.fit_dir``: ``scorers/<pair>/edge_scorer.{json,safetensors}``, ``edges.md`` (the table the
@@ -21,7 +21,7 @@ import polars as pl
 
 from collectors.collect.plan import load_registered_pair
 from config.params import Params, resolve
-from decoder.edge_scorer import save_edge_scorer
+from decoder.graft.edge_scorer import save_edge_scorer
 from features.edge_schemas import EDGE_ROUNDS, EDGES
 from features.tables import read_table
 from models.edge_cv import cell_budget_of, cross_fit

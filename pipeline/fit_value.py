@@ -3,7 +3,7 @@
 Reads the canonicalize tables and the chosen signals; trains one model per fold (on the other
 folds) for out-of-fold metrics per head, then the final model on all reports, the six fits in
 ``fit_value.workers`` processes (the same models as in one). Writes
-``fit_value.out_dir/`` value.{json,safetensors} (decoder/scheduler.py format), folds/fold<f>.*
+``fit_value.out_dir/`` value.{json,safetensors} (decoder/deploy/scheduler.py format), folds/fold<f>.*
 (used by the margins stage for leakage-free OOF margins), curves.csv and metrics.json.
 One MLflow run ``fit_value``, with each fit's learning curve (``<fit>/train_loss`` and ``val_loss``
 by epoch).
@@ -21,10 +21,10 @@ import numpy as np
 from collectors.collect.pool import Task, WorkerPool
 from collectors.evaluation.plots import new_figure
 from config.params import FitValueParams, Params, resolve
-from decoder.files import sha256_of_file
-from decoder.planning import HEADS, predicted_throughput, suffix_feature_names
-from decoder.scheduler import build_manifest, write_artifact
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
+from decoder.deploy.planning import HEADS, predicted_throughput, suffix_feature_names
+from decoder.deploy.scheduler import build_manifest, write_artifact
+from decoder.io.files import sha256_of_file
 from features.datasets import ValueData, value_data
 from features.schemas import samples_spec, states_spec
 from features.selection import nmae

@@ -1,7 +1,7 @@
 """DVC stage ``margins``: per canonical state, invoke-vs-skip margins by exhaustive suffix search.
 
 Value margins use the exported value systems through the decoder's own NumPy inference
-(decoder/scheduler.py), so the offline search is the online planner's code: the final model
+(decoder/deploy/scheduler.py), so the offline search is the online planner's code: the final model
 (margin_value), and each fold's model on every state (margin_value_by_fold; the held-out one is
 margin_value_oof). Oracle margins read the same maxima off the enumerated trajectories.
 The search is checked against brute force over full schedule ids on one report at every run.
@@ -19,9 +19,9 @@ import pyarrow as pa
 
 from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
-from decoder.planning import BranchSearch, ValueFn, search_margins
-from decoder.scheduler import load_value_planner
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
+from decoder.deploy.planning import BranchSearch, ValueFn, search_margins
+from decoder.deploy.scheduler import load_value_planner
 from features.datasets import column, state_matrix
 from features.schemas import margins_spec, samples_spec, states_spec
 from features.signals_file import read_signals

@@ -1,6 +1,6 @@
 """DVC stage ``profile``: measure one latency profile per registered pair.
 
-Writes ``<out_dir>/<pair>.json`` (decoder.latency JSON, replaced atomically) for every pair in
+Writes ``<out_dir>/<pair>.json`` (decoder.deploy.latency JSON, replaced atomically) for every pair in
 ``pairs``, each the median of ``passes`` passes measured in turn (:func:`run_profile`), with
 ``<out_dir>/passes.json`` (each pass's worst ratio to that median, per component), and prints
 both as tables. Collectors store raw counts; these files price them, and a
@@ -17,15 +17,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from collectors.pricing.profile_passes import compare_profiles, median_profile, save_profile
 from config.params import Params, ProfileParams, resolve
-from decoder.config import TreeConfig
-from decoder.latency import LatencyProfile, compare_profiles, median_profile, save_profile
+from decoder.core.config import TreeConfig
+from decoder.deploy.latency import LatencyProfile
 from pipeline.cli import run_stage
 from pipeline.runtime import apply_runtime
 from pipeline.tracking import log_metrics, stage_run, write_json
 
 if TYPE_CHECKING:
-    from decoder.models import ModelPair
+    from decoder.models.pair import ModelPair
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def run_profile(
     """Measure every pair ``settings.passes`` times, the pairs in turn (pass 1 of each pair, then
     pass 2 of each, ...), each pass a full measure_profile on real rounds of the given tree
     settings; write ``<out_dir>/<pair>.json``, the median of the passes figure by figure
-    (decoder.latency.median_profile), and ``<out_dir>/passes.json``, how far each pass strayed
+    (decoder.deploy.latency.median_profile), and ``<out_dir>/passes.json``, how far each pass strayed
     from that median per component; return the pairs' paths.
 
     Why passes: this box's speed drifts over minutes. One pass of zoo-m measured every figure
@@ -124,7 +125,7 @@ def format_spread(spread: dict[str, dict[str, list[float]]]) -> str:
 
 def main(params: Params) -> list[Path]:
     apply_runtime(params)
-    from decoder.models import load_pair
+    from decoder.models.pair import load_pair
 
     def load(name: str) -> ModelPair:
         target, mid = params.pair_paths(name)

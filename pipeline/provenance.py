@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from config.params import ROOT, Params, resolve
-from decoder.files import sha256_of_file
+from decoder.io.files import sha256_of_file
 from pipeline.cli import declared_params
 
 _VAR = re.compile(r"\$\{([\w.]+)\}")

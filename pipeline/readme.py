@@ -29,7 +29,7 @@ from collectors.evaluation.results_text import (
     transfer_line,
 )
 from config.params import Params, load_params, resolve
-from decoder.files import replace_atomically, sha256_of_file
+from decoder.io.files import replace_atomically, sha256_of_file
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 RESULTS_PAGE = "docs/results.md"

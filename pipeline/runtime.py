@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 from config.params import Params
-from decoder.devices import require_device
-from decoder.memory import configure_process
+from decoder.models.devices import require_device
+from decoder.models.memory import configure_process
 
 log = logging.getLogger(__name__)
 
@@ -15,8 +15,8 @@ log = logging.getLogger(__name__)
 def apply_runtime(params: Params) -> None:
     """Device check, thread and memory settings for the stages that decode and time (the same for
     profile, collect, evaluate and the rest): every ``pairs.<id>.device`` must be one this torch can
-    use (decoder.devices.require_device: one error naming the key, before any work), then
-    ``runtime.torch_threads`` and ``runtime.keep_freed_memory`` (decoder.memory.configure_process;
+    use (decoder.models.devices.require_device: one error naming the key, before any work), then
+    ``runtime.torch_threads`` and ``runtime.keep_freed_memory`` (decoder.models.memory.configure_process;
     worker processes run it themselves)."""
     for pair_id, spec in params.pairs.items():
         require_device(spec.device, f"pairs.{pair_id}.device")

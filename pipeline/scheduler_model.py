@@ -2,7 +2,7 @@
 
 This file is also the model's code: :func:`log_scheduler_model` logs it "from code" with the
 artifact pair (scheduler.json + scheduler.safetensors) and ``decoder/`` as code, so
-``mlflow.pyfunc.load_model(uri).predict(frame)`` runs decoder.scheduler's own loader (every manifest
+``mlflow.pyfunc.load_model(uri).predict(frame)`` runs decoder.deploy.scheduler's own loader (every manifest
 check included) and its NumPy network. Input signature: one double column per state feature, in the
 manifest's order; output: ``margin`` (predicted, manifest units) and ``invoke`` (the scheduler's
 own decision).
@@ -21,8 +21,8 @@ from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types import ColSpec, Schema
 
-from decoder.artifact import artifact_paths
-from decoder.scheduler import load_scheduler
+from decoder.deploy.artifact import artifact_paths
+from decoder.deploy.scheduler import load_scheduler
 
 MODEL_NAME = "scheduler"
 MANIFEST_KEY, WEIGHTS_KEY = "manifest", "weights"

@@ -16,8 +16,8 @@ import numpy as np
 
 from collectors.evaluation.plots import new_figure
 from config.params import Params, resolve
-from decoder.planning import value_inputs
-from decoder.state import SIGNAL_NAMES, state_feature_names
+from decoder.core.state import SIGNAL_NAMES, state_feature_names
+from decoder.deploy.planning import value_inputs
 from features.datasets import column, state_matrix
 from features.folds import fold_rows, splits_of
 from features.schemas import samples_spec, states_spec

@@ -28,8 +28,8 @@ from tqdm import tqdm
 from collectors.evaluation.deployed import check_registered, deployed_variants, load_evaluated
 from collectors.evaluation.wall_agreement import agreement_summary, agreement_table, mark_rows
 from collectors.evaluation.wall_decode import check_pair, wall_methods
+from collectors.pricing.profile_passes import save_profile
 from config.params import Params, resolve
-from decoder.latency import save_profile
 from decoder.measure import Repeats
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.cli import run_stage

@@ -2,7 +2,7 @@
 
 Each round allocates a few 2 MiB blocks, writes them and frees them all: the freed heap top is
 larger than glibc's default trim threshold, so it is trimmed and the next round faults every page
-in again, as a decoding round's tensors did (decoder/memory.py). Importable by spawned workers."""
+in again, as a decoding round's tensors did (decoder/models/memory.py). Importable by spawned workers."""
 
 from __future__ import annotations
 

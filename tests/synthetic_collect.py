@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 from synthetic_rounds import synthetic_rounds
 
-from decoder.policies import schedule_bits
-from decoder.state import CONTEXT_NAMES, SIGNAL_NAMES, history_features, history_names
+from decoder.core.policies import schedule_bits
+from decoder.core.state import CONTEXT_NAMES, SIGNAL_NAMES, history_features, history_names
 from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.tables import to_table, write_table
 

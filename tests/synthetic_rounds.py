@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from decoder.policies import schedule_bits
-from decoder.state import RECORDED_NAMES
+from decoder.core.policies import schedule_bits
+from decoder.core.state import RECORDED_NAMES
 from features.collect_schemas import rounds_spec
 from features.tables import to_table
 

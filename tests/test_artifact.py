@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from decoder.artifact import (
+from decoder.core.state import state_feature_names
+from decoder.deploy.artifact import (
     CHECKSUM_FIELD,
     FIELDS,
     ManifestError,
@@ -20,9 +21,8 @@ from decoder.artifact import (
     read_artifact,
     write_artifact,
 )
-from decoder.planning import HEADS, suffix_feature_names
-from decoder.scheduler import load_scheduler
-from decoder.state import state_feature_names
+from decoder.deploy.planning import HEADS, suffix_feature_names
+from decoder.deploy.scheduler import load_scheduler
 
 SIGNALS = ("frontier_mean_depth", "frontier_leaf_ratio", "preview_collapse_debt", "preview_history_share",
            "preview_overlap_ratio", "preview_mean_score")  # fmt: skip

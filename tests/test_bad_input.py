@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from conftest import tiny_model
 
-from decoder.config import DecodeConfig, TreeConfig
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.policies import parse_policy
 from decoder.generate import generate
-from decoder.models import TokenizerMismatchError, load_causal_lm, make_pair
-from decoder.policies import parse_policy
+from decoder.models.pair import TokenizerMismatchError, load_causal_lm, make_pair
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,15 @@ from conftest import noisy_copy, tiny_model
 from test_lossless import EOS, prompts
 
 from collectors.collect import replay
+from collectors.collect.batch_greedy import check_greedy, greedy_batch
 from collectors.collect.replay import Replayer
 from collectors.evaluation.priced_eval import MemoReplayer, TargetMemo
 from collectors.graft.budget import walk_choice_prompt
-from decoder.batch_greedy import check_greedy, greedy_batch
-from decoder.block_proposers import CausalLMProposer
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import schedule_bits
 from decoder.generate import generate
-from decoder.models import make_pair
-from decoder.policies import schedule_bits
+from decoder.graft.proposers import CausalLMProposer
+from decoder.models.pair import make_pair
 
 M, K = 4, 4
 

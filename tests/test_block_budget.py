@@ -11,12 +11,12 @@ from test_lossless import EOS, prompts, reference
 
 from collectors.graft.budget import learned_budget
 from collectors.graft.walk import BudgetWalker, decode_arm, lossless_gate
-from decoder.block_budget import NODE_FEATURES, first_nodes, node_features, rule_budget, rule_gains
-from decoder.block_proposers import CausalLMProposer
-from decoder.config import BlockBudgetRule
-from decoder.ddtree import build_ddtree
-from decoder.models import make_pair
-from decoder.verify import TargetVerifier
+from decoder.core.config import BlockBudgetRule
+from decoder.core.verify import TargetVerifier
+from decoder.graft.budget import NODE_FEATURES, first_nodes, node_features, rule_budget, rule_gains
+from decoder.graft.ddtree import build_ddtree
+from decoder.graft.proposers import CausalLMProposer
+from decoder.models.pair import make_pair
 from models.budget_rule import cross_fitted_speedups, fit_budget_rule
 from models.gain_fit import fit_logistic
 

@@ -1,6 +1,6 @@
 """The block drafter: trains on a tiny real target, proposes sorted marginals, saves and reloads
 exactly, and refuses edited files. Features are computed here with the target's own HF forward,
-exactly as decoder/block.py defines them."""
+exactly as decoder/graft/block.py defines them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from transformers import PreTrainedModel
 
 from collectors.data.embedded_data import stdlib_files
 from config.params import BlockDrafterSpec, ModelSpec, TrainParams
-from decoder.block_drafter import (
+from decoder.cli import main
+from decoder.graft.drafter import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     BlockDrafter,
@@ -27,8 +28,9 @@ from decoder.block_drafter import (
     save_block_drafter,
     spread_layers,
 )
-from decoder.checkpoint import DIGEST_FILE, record_folder
+from decoder.models.checkpoint import DIGEST_FILE
 from models.block_training import fit_block_drafter
+from models.checksums import record_folder
 from models.lm_training import build_model, greedy_continuations, lm_loss, sample_windows, train_loop
 from models.tokenizer_training import train_tokenizer
 
@@ -53,11 +55,18 @@ def tiny() -> dict:
     target.eval().requires_grad_(False)
     prompts = sample_windows(tokens, 96, 16, rng)
     net, info = fit_block_drafter(SPEC, target, target, prompts[:64], tokens, TRAIN, seed=1)
-    return {"target": target, "net": net, "info": info, "tokens": tokens, "fresh_prompts": prompts[64:]}
+    return {
+        "target": target,
+        "net": net,
+        "info": info,
+        "tokens": tokens,
+        "fresh_prompts": prompts[64:],
+        "tok": tok,
+    }
 
 
 def _features(target: PreTrainedModel, committed: list[int], layers: tuple[int, ...]) -> torch.Tensor:
-    """decoder/block.py's features: hidden states at ``layers`` of every position but the root."""
+    """decoder/graft/block.py's features: hidden states at ``layers`` of every position but the root."""
     with torch.no_grad():
         out = target(input_ids=torch.tensor([committed[:-1]]), output_hidden_states=True)
     return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
@@ -196,3 +205,25 @@ def test_a_corrupted_weight_file_is_refused_by_the_folder_digest_record(tiny: di
     message = str(info.value)
     assert message.startswith(f"{weights}: SHA-256") and f"{folder / DIGEST_FILE}" in message
     assert "corrupt" in message
+
+
+def test_the_cli_decodes_ddtree_with_a_saved_block_drafter(tiny: dict, tmp_path: Path, capsys) -> None:
+    """`python -m decoder --policy ddtree --block-drafter DIR`: the target's own text (the table's
+    lossless column against AR), drafted by the saved drafter; the flag beside another policy, or
+    a drafter folder that is not one, is one clear error."""
+    tiny["target"].save_pretrained(tmp_path / "target")
+    tiny["tok"].save_pretrained(tmp_path / "target")
+    save_block_drafter(tiny["net"], tmp_path / "bd")
+    text = tiny["tok"].decode(tiny["tokens"][100:140].tolist())
+    argv = ["--target", str(tmp_path / "target"), "--prompt", text, "--raw", "--max-new-tokens", "24"]
+    assert main([*argv, "--policy", "ddtree", "--block-drafter", str(tmp_path / "bd")]) == 0
+    rows = {
+        ln.split()[0]: ln.split()
+        for ln in capsys.readouterr().out.splitlines()
+        if ln.startswith(("ar ", "ddtree "))
+    }
+    assert set(rows) == {"ar", "ddtree"} and rows["ddtree"][-1] == "yes"
+    assert main([*argv, "--policy", "all-small", "--block-drafter", str(tmp_path / "bd")]) == 2
+    assert "--block-drafter serve --policy ddtree only" in capsys.readouterr().err
+    assert main([*argv, "--policy", "ddtree", "--block-drafter", str(tmp_path / "target")]) == 2
+    assert "block_drafter.json: missing" in capsys.readouterr().err

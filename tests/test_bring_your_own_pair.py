@@ -28,7 +28,7 @@ from synthetic_rounds import synthetic_rounds
 from collectors.data.prompts import PromptFileError, encode_prompts, load_questions, split_by_category
 from config.model_paths import ModelNotLocalError, resolve_model
 from config.params import ROOT, Params, ParamsError, deep_merge, load_params
-from decoder.templates import jinja_chat_template, render, render_prompt
+from decoder.models.templates import jinja_chat_template, render, render_prompt
 from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.tables import write_table
 from pipeline.cli import stage_params

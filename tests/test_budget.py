@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder.budget import best_budget, budget_sweep, linear_cost, saba_budget, saba_ratio
-from decoder.tree import DraftTree
+from decoder.core.budget import best_budget, budget_sweep, linear_cost, saba_budget, saba_ratio
+from decoder.core.tree import DraftTree
 
 
 def brute_saba(a: float, c_verify: float, c_fixed: float, b_max: int) -> tuple[np.ndarray, np.ndarray]:

@@ -23,8 +23,8 @@ from collectors.collect.replay import Replayer
 from collectors.pricing.budget_file import BudgetFileError, load_budgets, pair_budget, pair_round_budget
 from collectors.pricing.budget_sweep import fixed_policies, sweep_pair
 from config.params import Params, load_params
-from decoder.config import DecodeConfig
-from decoder.latency import price_ar, price_round
+from decoder.core.config import DecodeConfig
+from decoder.deploy.latency import price_ar, price_round
 from pipeline import budget
 from pipeline.cli import stage_params
 

@@ -14,9 +14,10 @@ from test_lossless import prompts, reference
 
 from collectors.evaluation.cell import LosslessError, lossless_gate
 from decoder.check_lossless import check_outputs, compare, fp32_judge, main
-from decoder.config import DecodeConfig
-from decoder.generate import GenerationResult, generate
-from decoder.models import make_pair
+from decoder.core.config import DecodeConfig
+from decoder.core.outcome import GenerationResult
+from decoder.generate import generate
+from decoder.models.pair import make_pair
 
 CFG = DecodeConfig(max_new_tokens=40)
 

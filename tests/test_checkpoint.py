@@ -1,4 +1,4 @@
-"""Model folders carry a SHA-256 record (decoder/checkpoint.py) that loading checks: a flipped bit
+"""Model folders carry a SHA-256 record (decoder/models/checkpoint.py) that loading checks: a flipped bit
 or a cut file is one clear error naming the file, and the CLI turns it into exit 2 and one line."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import save_pair, train_tokenizer
 
-from decoder import checkpoint
-from decoder.checkpoint import DIGEST_FILE, CheckpointError, record_folder, verify_folder
-from decoder.models import load_causal_lm, load_pair
+from decoder.models import checkpoint
+from decoder.models.checkpoint import DIGEST_FILE, CheckpointError, verify_folder
+from decoder.models.pair import load_causal_lm, load_pair
+from models.checksums import record_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["def main():\n    return x + 1\n" * 20, "for i in range(10):\n    print(i)\n" * 20]

@@ -13,8 +13,8 @@ from conftest import save_pair, train_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from decoder.cli import main
-from decoder.generate import encode_prompt
-from decoder.templates import jinja_chat_template
+from decoder.core.decode import encode_prompt
+from decoder.models.templates import jinja_chat_template
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,9 +30,9 @@ from collectors.collect.plan import plan_reports
 from collectors.collect.replay import Replayer, continuation_decoding
 from collectors.collect.report import inputs_key
 from config.params import Params, load_params
-from decoder.config import DecodeConfig
-from decoder.models import make_pair
-from decoder.policies import schedule_bits
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import schedule_bits
+from decoder.models.pair import make_pair
 from pipeline.cli import stage_params
 
 SCHEDULES = [schedule_bits(s, 5) for s in range(32)]
@@ -130,9 +130,9 @@ def test_collect_stage_rows_summary_and_second_run_resumes(finished):
     assert metrics["n_reports"] == 2 and (out / "summary.md").read_text().count("| tiny__") == 2
     # each prompt's g: the target's own greedy tokens (past EOS), its stop at the first EOS within
     # max_new_tokens; what evaluate_graft's budget choice reads in place of a batched decode
+    from collectors.collect.batch_greedy import greedy_batch
     from collectors.collect.plan import load_registered_pair, plan_reports, report_prompts
     from collectors.collect.report import prompt_digest, read_continuations
-    from decoder.batch_greedy import greedy_batch
 
     pair = load_registered_pair(params, "tiny")
     collected = read_continuations(out / "continuations.parquet")

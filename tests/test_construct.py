@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from decoder.config import Grafting, TreeConfig
-from decoder.construct import RoundBuilder
-from decoder.mid import MidCall
-from decoder.ngram import NgramDrafter
-from decoder.policies import FixedSchedule
-from decoder.timing import zero_times
+from decoder.core.config import Grafting, TreeConfig
+from decoder.core.construct import RoundBuilder
+from decoder.core.mid import MidCall
+from decoder.core.ngram import NgramDrafter
+from decoder.core.policies import FixedSchedule
+from decoder.core.timing import zero_times
 
 
 class FakeMid:

@@ -1,4 +1,4 @@
-"""DDTree assembly (decoder/ddtree.py): exact best-first search, checked against brute force."""
+"""DDTree assembly (decoder/graft/ddtree.py): exact best-first search, checked against brute force."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder.ddtree import best_prefixes, build_ddtree
-from decoder.tree import ROOT, DraftTree
+from decoder.core.tree import ROOT, DraftTree
+from decoder.graft.ddtree import best_prefixes, build_ddtree
 
 # A few distinct log-probs, so that equal scores (ties) are common.
 LEVELS = [0.0, -0.25, -0.5, -1.0, -2.0, -3.5]

@@ -9,12 +9,12 @@ from test_lossless import EOS, prompts, reference
 from test_sampling import chi2_pvalue_ok
 from test_sampling_e2e import check_two_token_joint
 
-from decoder.block_proposers import CausalLMProposer
-from decoder.config import BlockConfig, DecodeConfig
-from decoder.ddtree import build_ddtree
+from decoder.core.config import BlockConfig, DecodeConfig
+from decoder.core.sampling import sample_walk
 from decoder.generate import generate
-from decoder.models import make_pair
-from decoder.sampling import sample_walk
+from decoder.graft.ddtree import build_ddtree
+from decoder.graft.proposers import CausalLMProposer
+from decoder.models.pair import make_pair
 
 # (budget, m, K): B = 1, small, the default, and more than the sum of m^d (3 + 9 + 27 = 39) allows
 SHAPES = [(1, 4, 4), (5, 2, 3), (63, 8, 8), (1000, 3, 3)]

@@ -1,8 +1,8 @@
-"""Deployment bundles (decoder/deployment.py, decoder/bundle.py, pipeline/deploy.py): a bundle written
-from a student and a pair check's decision loads back into the policy, tree and runtime the decoder
-decodes with (the same tokens and mid-call decisions as the policy built by hand); every tampered,
-truncated, missing or re-checksummed file is one DeploymentError naming it; the pair check's decision
-is stored as pair_checks computes it."""
+"""Deployment bundles (decoder/deploy/deployment.py, decoder/deploy/bundle.py, models/bundle.py,
+pipeline/deploy.py): a bundle written from a student and a pair check's decision loads back into
+the policy, tree and runtime the decoder decodes with (the same tokens and mid-call decisions as
+the policy built by hand); every tampered, truncated, missing or re-checksummed file is one
+DeploymentError naming it; the pair check's decision is stored as pair_checks computes it."""
 
 from __future__ import annotations
 
@@ -19,16 +19,18 @@ from test_scheduler_export import student_artifact
 from test_switch_off import profile as hand_profile
 
 import decoder
-from decoder.artifact import read_artifact
-from decoder.bundle import CHECKSUMS_FILE, INDEX_FILE, seal_folder, write_index
-from decoder.config import TreeConfig
-from decoder.deployment import DEPLOYMENT_FILE, tree_record, write_pair_bundle
-from decoder.files import sha256_of_file
+from collectors.pricing.profile_passes import save_profile
+from decoder.core.config import TreeConfig
+from decoder.deploy.artifact import read_artifact
+from decoder.deploy.bundle import CHECKSUMS_FILE, INDEX_FILE
+from decoder.deploy.deployment import DEPLOYMENT_FILE, tree_record
+from decoder.deploy.scheduler import LearnedScheduler, check_features
+from decoder.deploy.switch_off import SwitchOff, for_deployment
 from decoder.generate import generate
-from decoder.latency import save_profile
-from decoder.models import make_pair
-from decoder.scheduler import LearnedScheduler, check_features
-from decoder.switch_off import SwitchOff, for_deployment
+from decoder.io.files import sha256_of_file
+from decoder.models.pair import make_pair
+from models.bundle import write_index, write_pair_bundle
+from models.checksums import seal_folder
 from models.offline import THRESHOLD_OFFSETS
 from pipeline import deploy
 
@@ -97,7 +99,7 @@ def bundle(tmp_path, student) -> Path:
 
 
 def by_hand(student: Path, offset: float) -> LearnedScheduler:
-    """The student at its threshold plus ``offset``, built without decoder.deployment."""
+    """The student at its threshold plus ``offset``, built without decoder.deploy.deployment."""
     art = read_artifact(student, "student")
     signals = check_features(art.manifest, 5, 10)
     moved = {**art.manifest, "threshold": art.manifest["threshold"] + offset}
@@ -260,7 +262,7 @@ def test_files_swapped_after_their_check_are_not_what_loads(bundle, monkeypatch)
     profile and student swapped on disk right after the check (a race, or a hostile writer) change
     nothing that load_deployment returns."""
     want = decoder.load_deployment(bundle)
-    real = decoder.deployment.verified_folder
+    real = decoder.deploy.deployment.verified_folder
     folder = bundle / "tiny"
 
     def then_swapped(*args, **kwargs):
@@ -271,7 +273,7 @@ def test_files_swapped_after_their_check_are_not_what_loads(bundle, monkeypatch)
         (folder / "scheduler.safetensors").write_bytes(b"")
         return found
 
-    monkeypatch.setattr(decoder.deployment, "verified_folder", then_swapped)
+    monkeypatch.setattr(decoder.deploy.deployment, "verified_folder", then_swapped)
     got = decoder.load_deployment(bundle)
     assert got.config == want.config and got.config.max_new_tokens == 24
     assert got.profile == want.profile and got.profile.ar_token_ms != 123.0

@@ -13,13 +13,12 @@ from test_deployment import bundle_profile, record, shifted
 from test_scheduler_export import student_artifact
 from transformers import AutoTokenizer
 
-from decoder.bundle import write_index
 from decoder.cli import main
-from decoder.config import DecodeConfig
-from decoder.deployment import write_pair_bundle
+from decoder.core.config import DecodeConfig
 from decoder.generate import generate
-from decoder.models import load_pair
-from decoder.templates import render
+from decoder.models.pair import load_pair
+from decoder.models.templates import render
+from models.bundle import write_index, write_pair_bundle
 
 PROMPT = "def main():\n    return"
 

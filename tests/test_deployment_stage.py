@@ -15,11 +15,11 @@ from test_scheduler_export import student_artifact
 from collectors.collect.plan import profile_for, tree_config
 from collectors.collect.records import runtime_for
 from collectors.evaluation import deployed
+from collectors.pricing.profile_passes import save_profile
 from config.params import load_params, restrict
 from decoder import DeploymentError, load_deployment
-from decoder.deployment import threshold_variants
-from decoder.files import sha256_of_file
-from decoder.latency import save_profile
+from decoder.deploy.deployment import threshold_variants
+from decoder.io.files import sha256_of_file
 from models.offline import THRESHOLD_OFFSETS
 from pipeline import deploy
 

@@ -1,6 +1,6 @@
 """Devices: a CUDA device asked for on a CPU-only torch is one error naming the params key; pool
 workers each take their own GPU (cuda:i round-robin, one worker per visible device) with the device
-count stood in for; CPU workers are as before; decoder.memory.configure_process is the one setup."""
+count stood in for; CPU workers are as before; decoder.models.memory.configure_process is the one setup."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 from collectors.collect import pool
 from collectors.collect.pool import Task, run_tasks, worker_device
 from config.params import load_params
-from decoder import devices, memory
-from decoder.devices import require_device, worker_devices
+from decoder.models import devices, memory
+from decoder.models.devices import require_device, worker_devices
 from pipeline.runtime import apply_runtime
 
 cpu_only = pytest.mark.skipif(torch.version.cuda is not None, reason="this torch is a CUDA build")

@@ -11,14 +11,14 @@ import torch
 from conftest import tiny_model
 from transformers import DynamicCache
 
-import decoder.tensors
-from decoder.config import DecodeConfig, TreeConfig
+import decoder.core.tensors
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.records import DRAFTLESS, TREE, RoundModes
+from decoder.core.tensors import causal_block, forward_block
+from decoder.core.tree import DraftTree
+from decoder.core.verify import TargetVerifier
 from decoder.generate import generate
-from decoder.models import make_pair
-from decoder.outcome import DRAFTLESS, TREE, RoundModes
-from decoder.tensors import causal_block, forward_block
-from decoder.tree import DraftTree
-from decoder.verify import TargetVerifier
+from decoder.models.pair import make_pair
 
 # the per-round budget rule with a dear verify: most rounds choose B = 0 (nothing worth verifying)
 RULE = TreeConfig(
@@ -60,7 +60,7 @@ def test_draftless_rounds_are_lossless_and_run_no_tree_verify(monkeypatch, arch,
     prompt = [rng.randrange(1, 96) for _ in range(14)]  # no repeats: the n-gram drafter often finds nothing
     want = reference(target, prompt, 40)
     verifies = counting(monkeypatch, TargetVerifier, "verify")
-    masks = counting(monkeypatch, decoder.tensors, "additive_mask")
+    masks = counting(monkeypatch, decoder.core.tensors, "additive_mask")
     res = generate(pair, prompt, "all-small", DecodeConfig(max_new_tokens=40, tree=TREES[tree]))
     assert res.new_tokens == want
     modes = RoundModes.of(res.rounds)
@@ -79,7 +79,7 @@ def test_a_step_leaves_the_cache_as_the_baseline_and_the_verdict_as_a_bare_root_
     stepping, verifying = TargetVerifier(model, 96, topk=4), TargetVerifier(model, 96, topk=4)
     head = stepping.prefill(prompt)
     verifying.prefill(prompt)
-    baseline = DynamicCache()  # the autoregressive baseline's own calls (decoder.generate.autoregressive)
+    baseline = DynamicCache()  # the AR baseline's own calls (decoder.core.decode.autoregressive)
     logits = forward_block(model, baseline, causal_block(prompt, 0, 0), logits_to_keep=1)[-1]
     assert torch.equal(logits, head.logits)
     root = int(logits.argmax())

@@ -17,12 +17,12 @@ from test_sampling import chi2_pvalue_ok
 from test_sampling_e2e import PROMPT, V, exact_joint
 
 from config.params import load_params
-from decoder.block_proposers import CausalLMProposer
-from decoder.config import BlockConfig, DecodeConfig
-from decoder.ddtree import best_scored_prefixes, build_ddtree
-from decoder.edge_scorer import EdgeScorer, EdgeScorerError, load_edge_scorer, save_edge_scorer
+from decoder.core.config import BlockConfig, DecodeConfig
 from decoder.generate import generate
-from decoder.models import make_pair
+from decoder.graft.ddtree import best_scored_prefixes, build_ddtree
+from decoder.graft.edge_scorer import EdgeScorer, EdgeScorerError, load_edge_scorer, save_edge_scorer
+from decoder.graft.proposers import CausalLMProposer
+from decoder.models.pair import make_pair
 from models.edge_metrics import edge_auc
 from models.edge_scorer_fit import edge_data, export_scorer, fit_tdes
 
@@ -220,7 +220,7 @@ def test_greedy_decoding_with_the_scorer_is_token_identical_to_the_target() -> N
 
 def test_sampling_with_the_scorer_keeps_the_targets_two_token_joint() -> None:
     """Temperature > 0, DDTree ranked by a tree-reordering scorer: the sampler treats the drafted
-    children as point-mass proposals (decoder/sampling.py) and never reads their edge log-probs as a
+    children as point-mass proposals (decoder/core/sampling.py) and never reads their edge log-probs as a
     proposal q, so edge scores in the tree's edge_logp (only the sibling order) keep it exact. The
     joint of two sampled tokens must pass the chi-square test against the target's own."""
     target = tiny_model("llama", seed=31, vocab=V, logit_scale=1.5)

@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM
 
 from collectors.graft.edges import PromptKey, collect_prompt, new_columns
 from config.params import Params, load_params
-from decoder.block_drafter import BlockDrafterConfig, BlockDrafterNet, save_block_drafter
-from decoder.block_proposers import CausalLMProposer
-from decoder.config import BlockConfig
-from decoder.edge_scorer import load_edge_scorer
-from decoder.models import make_pair
+from decoder.core.config import BlockConfig
+from decoder.graft.drafter import BlockDrafterConfig, BlockDrafterNet, save_block_drafter
+from decoder.graft.edge_scorer import load_edge_scorer
+from decoder.graft.proposers import CausalLMProposer
+from decoder.models.pair import make_pair
 from features.edge_schemas import EDGE_ROUNDS, EDGES
 from features.tables import read_table
 from pipeline import collect_edges, fit_edges

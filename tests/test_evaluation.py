@@ -11,11 +11,11 @@ from collectors.evaluation import cell as evaluation
 from collectors.evaluation.cell import LosslessError, best_fixed_in_hindsight, evaluate_cell
 from collectors.evaluation.eval_report import ablation_table, main_table, student_gains, summary_metrics
 from decoder import measure
-from decoder.config import DecodeConfig
-from decoder.generate import GenerationResult
+from decoder.core.config import DecodeConfig
+from decoder.core.outcome import GenerationResult
+from decoder.core.policies import RuntimeContext
 from decoder.measure import Method
-from decoder.models import make_pair
-from decoder.policies import RuntimeContext
+from decoder.models.pair import make_pair
 
 PROFILE = linear_profile()
 

@@ -174,7 +174,7 @@ def _resume_code_digest(root: Path) -> str:
 
 def test_collects_resume_key_keeps_reports_across_a_comment_edit_not_a_code_edit(tree: Path) -> None:
     before = _resume_code_digest(tree)
-    ngram = tree / "decoder/ngram.py"
+    ngram = tree / "decoder/core/ngram.py"
     original = ngram.read_text(encoding="utf-8")
     _edit(ngram, "\nclass ", "\n# Why this is here, said again.\nclass ")
     assert _resume_code_digest(tree) == before

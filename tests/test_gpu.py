@@ -11,9 +11,9 @@ from test_check_lossless import CFG, twinned  # noqa: F401 - the fixture is used
 from test_lossless import POLICIES, prompts
 
 from decoder.check_lossless import check_outputs, fp32_judge
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
 from decoder.generate import generate
-from decoder.models import make_pair
+from decoder.models.pair import make_pair
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,7 +11,7 @@ import torch
 
 from benchmarks.gpu_check import POLICIES, main
 from collectors.pricing.profiling import profile_clock
-from decoder.timing import EventClock, device_clock
+from decoder.core.timing import EventClock, device_clock
 
 PAIR = "zoo-m"  # the pair with a zoo block drafter: every policy row runs
 

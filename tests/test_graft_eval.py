@@ -16,6 +16,7 @@ from markdown_rows import md_tables
 from test_edges import tiny_edges_params, workspace  # noqa: F401  (the module fixture)
 from test_lossless import EOS, prompts, reference
 
+from collectors.collect.batch_greedy import greedy_batch
 from collectors.collect.plan import load_registered_pair, report_questions
 from collectors.collect.report import prompt_digest
 from collectors.evaluation.priced_eval import PricedCell, prompts_digest
@@ -30,16 +31,16 @@ from collectors.graft.budget import (
 from collectors.graft.costs import GraftCosts, measure_costs
 from collectors.graft.edges import RecordingProposer, tree_match
 from collectors.graft.walk import BudgetWalker, Round, decode_arm, lossless_gate
+from collectors.pricing.profile_passes import save_profile
 from config.params import Params
-from decoder.batch_greedy import greedy_batch
-from decoder.block_drafter import BlockDrafter, BlockDrafterConfig, BlockDrafterNet, load_block_drafter
-from decoder.block_proposers import CausalLMProposer
-from decoder.config import BlockConfig, DecodeConfig
-from decoder.edge_scorer import EdgeScorer, load_edge_scorer
+from decoder.core.config import BlockConfig, DecodeConfig
+from decoder.core.tree import DraftTree
+from decoder.deploy.latency import LatencyProfile, load_profile
 from decoder.generate import generate
-from decoder.latency import LatencyProfile, load_profile, save_profile
-from decoder.models import make_pair
-from decoder.tree import DraftTree
+from decoder.graft.drafter import BlockDrafter, BlockDrafterConfig, BlockDrafterNet, load_block_drafter
+from decoder.graft.edge_scorer import EdgeScorer, load_edge_scorer
+from decoder.graft.proposers import CausalLMProposer
+from decoder.models.pair import make_pair
 from pipeline import collect_edges, evaluate_graft, fit_edges
 from pipeline.cli import stage_params
 

@@ -9,9 +9,10 @@ import pytest
 from conftest import noisy_copy, tiny_model
 from test_lossless import prompts, reference
 
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.generate import generate, max_tree_depth
-from decoder.models import MASK_ATTENTION, ModelPair, load_causal_lm, make_pair
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.decode import max_tree_depth
+from decoder.generate import generate
+from decoder.models.pair import MASK_ATTENTION, ModelPair, load_causal_lm, make_pair
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
-from decoder.config import TreeConfig
-from decoder.construct import RoundBuilder
-from decoder.ngram import NgramDrafter
-from decoder.policies import FixedSchedule
-from decoder.tensors import compact_cache
-from decoder.timing import no_clock, zero_times
+from decoder.core.config import TreeConfig
+from decoder.core.construct import RoundBuilder
+from decoder.core.ngram import NgramDrafter
+from decoder.core.policies import FixedSchedule
+from decoder.core.tensors import compact_cache
+from decoder.core.timing import no_clock, zero_times
 
 PERIOD = [7, 3, 9, 3, 4, 7, 3, 5, 1, 3, 9, 2, 8, 6]  # repeated n-grams with several continuations
 

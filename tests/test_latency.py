@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from collectors.collect.records import RoundRecord
 from collectors.collect.trajectory import small_frontier
+from collectors.pricing.profile_passes import compare_profiles, median_profile, save_profile
 from collectors.pricing.profile_rounds import (
     Reference,
     grown,
@@ -37,26 +38,23 @@ from collectors.pricing.profiling import (
     robust_medians,
 )
 from config.params import ProfileParams
-from decoder import files
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.generate import generate
-from decoder.latency import (
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.deploy.latency import (
     SCHEMA_VERSION,
     LatencyProfile,
     RoundCounts,
-    compare_profiles,
     counts_from_round,
     fed_before_calls,
     interpolate,
     interpolate_grid,
     load_profile,
-    median_profile,
     price_ar,
     price_round,
     round_parts,
-    save_profile,
 )
-from decoder.models import make_pair
+from decoder.generate import generate
+from decoder.io import files
+from decoder.models.pair import make_pair
 from pipeline.profile import PASSES_FILE, format_table, run_profile
 
 SIZES = (1, 4, 16)
@@ -596,8 +594,8 @@ def test_fit_small_step() -> None:
 def test_decision_work_is_the_students_shape(pair) -> None:
     import numpy as np
 
-    from decoder.policies import BuildState, RuntimeContext, StepContext
-    from decoder.tree import DraftTree
+    from decoder.core.policies import BuildState, RuntimeContext, StepContext
+    from decoder.core.tree import DraftTree
 
     student = student_like(5, 10, np.random.default_rng(0))
     assert [w.shape for w, _ in student.net.layers] == [(17, 64), (64, 32), (32, 1)]
@@ -609,11 +607,11 @@ def test_decision_work_is_the_students_shape(pair) -> None:
 def test_small_frontier_read_off_the_tree_equals_the_steps(pair) -> None:
     import numpy as np
 
-    from decoder.construct import RoundBuilder
-    from decoder.mid import MidDrafter
-    from decoder.ngram import NgramDrafter
-    from decoder.policies import FixedSchedule, schedule_bits
-    from decoder.timing import zero_times
+    from decoder.core.construct import RoundBuilder
+    from decoder.core.mid import MidDrafter
+    from decoder.core.ngram import NgramDrafter
+    from decoder.core.policies import FixedSchedule, schedule_bits
+    from decoder.core.timing import zero_times
 
     cfg = DecodeConfig().tree
     context = reference_context(pair, 60)

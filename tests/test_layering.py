@@ -1,9 +1,13 @@
 """The project's layers, checked on the source: each layer imports only the layers below it.
 
-config (params) < decoder < features < collectors < models < pipeline. Every import counts,
-including ones inside functions: a lazy import does not make an upward dependency acceptable, and
-may not hide an import cycle either (the CLI's import of decoder.measure inside
-decoder/generate.py did until the CLI moved to decoder/cli.py).
+config (params) < decoder < features < collectors < models < pipeline, every module of every
+subpackage included. Inside the runtime, decoder/'s subpackages have an order of their own
+(`DECODER_ORDER`: io < models < core < graft < deploy < the top-level modules), and every runtime
+module is used by the runtime itself (imported by another decoder module, or an entry point): code
+only the offline side needs lives in the offline layers. Every import counts, including ones inside
+functions: a lazy import does not make an upward dependency acceptable, and may not hide an import
+cycle either (the CLI's import of decoder.measure inside the decode loop's module did until the CLI
+moved to decoder/cli.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("config", "decoder", "features", "collectors", "models", "pipeline")
+# decoder/'s subpackages, lowest first; "" is the package's own top-level modules (generate, the CLIs)
+DECODER_ORDER = ("io", "models", "core", "graft", "deploy", "")
+# runtime modules that nothing in decoder/ imports: the public API and the command lines
+ENTRY_POINTS = {"decoder", "decoder.__main__", "decoder.cli", "decoder.check_lossless"}
+
+
+def layer_files(layer: str) -> list[Path]:
+    """Every module of a layer, its subpackages' included."""
+    return sorted((ROOT / layer).rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def project_imports(path: Path) -> list[tuple[int, str]]:
@@ -32,7 +50,7 @@ def project_imports(path: Path) -> list[tuple[int, str]]:
 def test_no_import_reaches_up_a_layer() -> None:
     upward = []
     for rank, layer in enumerate(LAYERS):
-        for path in sorted((ROOT / layer).glob("*.py")):
+        for path in layer_files(layer):
             for line, module in project_imports(path):
                 if LAYERS.index(module.split(".")[0]) > rank:
                     upward.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
@@ -51,14 +69,14 @@ def test_every_package_is_a_known_layer() -> None:
 
 
 def test_feature_order_has_one_definition() -> None:
-    """Only decoder/state.py spells out the state's order (context, history, signals)."""
+    """Only decoder/core/state.py spells out the state's order (context, history, signals)."""
     spelled = [
         str(p.relative_to(ROOT))
         for layer in LAYERS
-        for p in (ROOT / layer).glob("*.py")
+        for p in layer_files(layer)
         if "*CONTEXT_NAMES, *history_names(" in p.read_text(encoding="utf-8")
     ]
-    assert spelled == ["decoder/state.py"]
+    assert spelled == ["decoder/core/state.py"]
 
 
 def _executed_on_import(node: ast.AST) -> bool:
@@ -122,9 +140,8 @@ def cycle_dodges(sources: dict[str, str]) -> list[str]:
 def project_sources() -> dict[str, str]:
     out = {}
     for layer in LAYERS:
-        for path in sorted((ROOT / layer).glob("*.py")):
-            name = layer if path.stem == "__init__" else f"{layer}.{path.stem}"
-            out[name] = path.read_text(encoding="utf-8")
+        for path in layer_files(layer):
+            out[module_name(path)] = path.read_text(encoding="utf-8")
     return out
 
 
@@ -146,3 +163,59 @@ def test_the_cycle_check_sees_a_hidden_cycle() -> None:
         "decoder.b imports decoder.a inside a function; decoder.a imports decoder.b"
     ]
     assert split_imports(sources["decoder.c"]) == (set(), set())
+
+
+def decoder_part(module: str) -> str:
+    """The decoder subpackage a module of decoder/ belongs to ("" for a top-level module)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in DECODER_ORDER) else ""
+
+
+def test_the_checker_walks_subpackages() -> None:
+    names = {module_name(p) for p in layer_files("collectors")}
+    assert {"collectors.collect.replay", "collectors.pricing.budget_sweep"} <= names
+    assert {"decoder.core.tree", "decoder.graft.ddtree", "decoder"} <= {
+        module_name(p) for p in layer_files("decoder")
+    }
+
+
+def test_decoder_subpackages_import_only_lower_ones() -> None:
+    """io < models < core < graft < deploy < the top-level modules: a subpackage imports its own
+    modules and lower subpackages only (the decode core never imports GRAFT or deployment)."""
+    packages = {p.parent.name for p in (ROOT / "decoder").glob("*/__init__.py")}
+    assert packages == set(DECODER_ORDER) - {""}
+    upward = []
+    for path in layer_files("decoder"):
+        here = DECODER_ORDER.index(decoder_part(module_name(path)))
+        for line, module in project_imports(path):
+            if module.split(".")[0] == "decoder" and DECODER_ORDER.index(decoder_part(module)) > here:
+                upward.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not upward, "decoder imports from a higher subpackage:\n" + "\n".join(upward)
+
+
+def offline_only(sources: dict[str, str]) -> list[str]:
+    """decoder modules that no other decoder module imports and that are no entry point (packages
+    aside): code only the offline side uses. ``sources``: module -> text, decoder's modules only."""
+    imported: set[str] = set()
+    for module, text in sources.items():
+        eager, lazy = split_imports(text)
+        imported |= {n for n in eager | lazy if n != module}
+    packages = {m for m in sources if (ROOT / m.replace(".", "/") / "__init__.py").exists()}
+    return sorted(m for m in sources if m not in imported | ENTRY_POINTS | packages)
+
+
+def test_every_runtime_module_serves_the_runtime() -> None:
+    """No decoder module is there only for the offline side: each is imported by another decoder
+    module or is an entry point (the public API, the command lines)."""
+    sources = {m: s for m, s in project_sources().items() if m.split(".")[0] == "decoder"}
+    unused = offline_only(sources)
+    assert not unused, f"decoder modules only offline code imports (move them to an offline layer): {unused}"
+
+
+def test_the_runtime_check_sees_an_offline_only_module() -> None:
+    sources = {
+        "decoder.a": "import numpy\n",
+        "decoder.cli": "from decoder.b import x\n",
+        "decoder.b": "x = 1\n",
+    }
+    assert offline_only(sources) == ["decoder.a"]

@@ -23,8 +23,8 @@ from safetensors.numpy import load_file
 from synthetic_collect import write_synthetic_collect
 
 from config.params import Params, deep_merge, load_params
-from decoder.planning import suffix_feature_names
-from decoder.scheduler import load_scheduler, load_value_planner
+from decoder.deploy.planning import suffix_feature_names
+from decoder.deploy.scheduler import load_scheduler, load_value_planner
 from features.collect_schemas import TRAJECTORIES
 from features.datasets import state_matrix
 from features.schemas import margins_spec, states_spec

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import noisy_copy, tiny_model
 
-from decoder.config import DecodeConfig, Grafting, TreeConfig
+from decoder.core.config import DecodeConfig, Grafting, TreeConfig
+from decoder.core.policies import StepContext
 from decoder.generate import generate
-from decoder.models import make_pair
-from decoder.policies import StepContext
+from decoder.models.pair import make_pair
 
 EOS = 0
 

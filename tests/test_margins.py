@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder.planning import predicted_throughput, search_margins
+from decoder.deploy.planning import predicted_throughput, search_margins
 from models.margins import brute_force_margins, oracle_margins
 
 

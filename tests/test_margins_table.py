@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from synthetic_collect import synthetic_tables
 
-from decoder.planning import BranchSearch
+from decoder.deploy.planning import BranchSearch
 from features.canonical import canonicalize
 from features.schemas import margins_spec
 from models.margins import OracleMargins

@@ -10,7 +10,9 @@ import torch
 from conftest import noisy_copy, tiny_model
 
 from decoder import measure
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.outcome import GenerationResult
+from decoder.core.policies import AR, parse_policy
 from decoder.generate import generate, generate_steps
 from decoder.measure import (
     ONCE,
@@ -23,9 +25,7 @@ from decoder.measure import (
     run_side_by_side,
     summarise_results,
 )
-from decoder.models import make_pair
-from decoder.outcome import GenerationResult
-from decoder.policies import AR, parse_policy
+from decoder.models.pair import make_pair
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,8 @@ def recording(monkeypatch, slow_ar_run: int | None = None) -> list[tuple[str, Ge
     calls: list[tuple[str, GenerationResult]] = []
     real = measure.generate
 
-    def timed(pair, prompt, policy, config, runtime, timing):
-        result = real(pair, prompt, policy, config, runtime, timing)
+    def timed(pair, prompt, policy, config, runtime, timing, *graft):
+        result = real(pair, prompt, policy, config, runtime, timing, *graft)
         if policy == AR and slow_ar_run is not None and sum(p == AR for p, _ in calls) == slow_ar_run:
             result = replace(result, wall_s=result.wall_s + 5.0)
         calls.append((policy, result))

@@ -1,4 +1,4 @@
-"""glibc keeps freed memory where runtime.keep_freed_memory says so (decoder/memory.py): a churn of
+"""glibc keeps freed memory where runtime.keep_freed_memory says so (decoder/models/memory.py): a churn of
 allocations that faults its pages in again every round under the defaults faults none, in a stage's
 process (pipeline.runtime.apply_runtime) and in its worker processes (collectors.collect.pool.run_tasks)."""
 
@@ -15,7 +15,7 @@ from page_faults import faults_of_churn
 
 from collectors.collect.pool import Task, run_tasks
 from config.params import ROOT
-from decoder.memory import MMAP_THRESHOLD_MAX, keep_freed_memory
+from decoder.models.memory import MMAP_THRESHOLD_MAX, keep_freed_memory
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt thresholds are glibc's")
 PAGES_A_ROUND = 6 * (2 << 20) // 4096  # the churn's blocks, in 4 KiB pages

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from decoder.mid import WALK_NODES, MidDrafter, TreeScores, tree_query
-from decoder.tree import DraftTree
+from decoder.core.mid import WALK_NODES, MidDrafter, TreeScores, tree_query
+from decoder.core.tree import DraftTree
 
 VOCAB = 96
 

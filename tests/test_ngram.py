@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from decoder.config import TreeConfig
-from decoder.ngram import NgramDrafter, NgramIndex, TargetLogpCache
-from decoder.verify import TopLogps
+from decoder.core.config import TreeConfig
+from decoder.core.ngram import NgramDrafter, NgramIndex, TargetLogpCache
+from decoder.core.verify import TopLogps
 
 
 @given(st.lists(st.integers(0, 5), max_size=60), st.integers(0, 60))

@@ -17,10 +17,11 @@ from torch.utils.mkldnn import MkldnnLinear
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from config.params import ModelSpec
-from decoder.config import DecodeConfig
-from decoder.generate import autoregressive, generate
-from decoder.models import load_causal_lm, make_pair, use_onednn_linears
-from decoder.onednn_linear import OneDNNLinear
+from decoder.core.config import DecodeConfig
+from decoder.core.decode import autoregressive
+from decoder.generate import generate
+from decoder.models.onednn_linear import OneDNNLinear
+from decoder.models.pair import load_causal_lm, make_pair, use_onednn_linears
 from models.lm_training import build_model
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")

@@ -14,8 +14,8 @@ from test_scheduler_export import hand_student
 
 from collectors.evaluation.deployed import deployed_variants
 from collectors.evaluation.priced_eval import NEAR_TIE, fastest, pair_check
-from decoder.deployment import threshold_variants, variant_name
-from decoder.scheduler import ManifestError
+from decoder.deploy.deployment import threshold_variants, variant_name
+from decoder.deploy.scheduler import ManifestError
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.deploy import preference_order
 from pipeline.evaluate import threshold_transfer

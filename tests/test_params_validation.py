@@ -222,9 +222,9 @@ def _constant(name: str, modules: tuple[str, ...]) -> Any:
 def test_the_enums_match_the_code_that_consumes_them() -> None:
     """config imports nothing of the project, so its copies of the allowed values are checked here."""
     from collectors.collect.plan import BACKENDS
-    from decoder.config import Grafting
-    from decoder.models import DTYPES, LINEAR_KERNELS, check_device
-    from decoder.templates import TEMPLATES
+    from decoder.core.config import Grafting
+    from decoder.models.pair import DTYPES, LINEAR_KERNELS, check_device
+    from decoder.models.templates import TEMPLATES
     from models.lm_training import ARCHS
     from pipeline.budget import MODES as BUDGET_MODES
 

@@ -12,11 +12,11 @@ from conftest import noisy_copy, repeated_prompts, tiny_model
 
 from collectors.collect.policy_replay import StepMemo, replay_policy
 from collectors.collect.replay import Replayer
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import RuntimeContext, StepContext, schedule_bits
+from decoder.core.state import step_signals, tree_signals
 from decoder.generate import generate
-from decoder.models import make_pair
-from decoder.policies import RuntimeContext, StepContext, schedule_bits
-from decoder.state import step_signals, tree_signals
+from decoder.models.pair import make_pair
 
 
 class TreeAware:

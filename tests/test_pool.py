@@ -33,7 +33,7 @@ from collectors.evaluation.priced_tasks import (
     target_groups,
 )
 from config.params import ROOT, Params, load_params
-from decoder.policies import FixedSchedule
+from decoder.core.policies import FixedSchedule
 
 CELLS = [("tiny", "code"), ("tiny", "chat"), ("tiny-w", "code"), ("tiny-w", "chat")]
 POLICIES = {"odd-steps": FixedSchedule((True, False, True, False, True))}

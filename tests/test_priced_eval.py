@@ -18,10 +18,10 @@ from collectors.evaluation.priced_eval import (
     pair_check,
     priced_cell,
 )
-from decoder.config import DecodeConfig
-from decoder.latency import price_ar, price_round
-from decoder.models import make_pair
-from decoder.policies import RuntimeContext
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import RuntimeContext
+from decoder.deploy.latency import price_ar, price_round
+from decoder.models.pair import make_pair
 
 
 @pytest.fixture(scope="module")

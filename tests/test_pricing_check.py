@@ -22,12 +22,12 @@ from collectors.pricing.pricing_check import (
 )
 from collectors.pricing.profile_rounds import reference_context
 from collectors.pricing.profiling import measure_profile
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import RuntimeContext, StepContext
+from decoder.core.timing import COMPONENTS
+from decoder.deploy.latency import counts_from_round, price_round, round_parts
 from decoder.generate import generate
-from decoder.latency import counts_from_round, price_round, round_parts
-from decoder.models import make_pair
-from decoder.policies import RuntimeContext, StepContext
-from decoder.timing import COMPONENTS
+from decoder.models.pair import make_pair
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ from test_latency import linear_profile
 
 from collectors.collect.plan import tree_config
 from collectors.evaluation.wall_decode import profile_beside, profile_drift
+from collectors.pricing.profile_passes import COMPONENTS, compare_profiles
 from config.params import load_params
-from decoder.latency import COMPONENTS, compare_profiles, load_profile
-from decoder.models import make_pair
+from decoder.deploy.latency import load_profile
+from decoder.models.pair import make_pair
 from pipeline.profile import run_profile
 
 SETTINGS = {"context_len": 16, "passes": 1, "warmup": 0, "repeats": 1, "samples_per_repeat": 1,

@@ -18,7 +18,7 @@ from collectors.data.prompts import (
     write_questions,
 )
 from config.params import load_params
-from decoder.templates import TEMPLATES, get_template, jinja_chat_template, render
+from decoder.models.templates import TEMPLATES, get_template, jinja_chat_template, render
 
 SHARED_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eagle-bench"
 

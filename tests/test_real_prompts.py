@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import SHARED, save_pair, tiny_model, train_tokenizer
 
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
 from decoder.generate import generate
-from decoder.models import TokenizerMismatchError, load_pair
+from decoder.models.pair import TokenizerMismatchError, load_pair
 
 BENCH = SHARED / "data" / "eagle-bench"
 pytestmark = pytest.mark.skipif(not BENCH.is_dir(), reason="../shared/data is not available")

@@ -17,13 +17,14 @@ from test_budget import trees_and_targets
 
 from collectors.collect.replay import Replayer
 from collectors.pricing.budget_sweep import RoundRule, sweep_pair
-from decoder.budget import expected_gains, round_budget, verify_budget
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.generate import autoregressive, generate
-from decoder.latency import LatencyProfile
-from decoder.models import make_pair
-from decoder.policies import schedule_bits
-from decoder.tree import DraftTree
+from decoder.core.budget import expected_gains, round_budget, verify_budget
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.decode import autoregressive
+from decoder.core.policies import schedule_bits
+from decoder.core.tree import DraftTree
+from decoder.deploy.latency import LatencyProfile
+from decoder.generate import generate
+from decoder.models.pair import make_pair
 
 # any tree costs two target steps: a CPU's GEMV-to-GEMM step in fp32 (ENVIRONMENT.md)
 STEP_COSTS = (1.0, *([2.0] * 63))

@@ -10,9 +10,9 @@ from conftest import noisy_copy, tiny_model
 
 from collectors.collect.execute import execute_prompt
 from collectors.collect.replay import Replayer
-from decoder.config import DecodeConfig
-from decoder.models import make_pair
-from decoder.policies import schedule_bits
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import schedule_bits
+from decoder.models.pair import make_pair
 
 SCHEDULES = [schedule_bits(s, 5) for s in range(32)]
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute
 import pytest
 
-from decoder.policies import schedule_bits
-from decoder.state import RECORDED_NAMES
+from decoder.core.policies import schedule_bits
+from decoder.core.state import RECORDED_NAMES
 from features.collect_schemas import rounds_spec
 from features.round_states import report_context, round_outcomes, round_states, round_walk_pct
 from features.tables import to_table

@@ -18,14 +18,14 @@ from collectors.collect.execute import execute_prompt
 from collectors.collect.records import runtime_for
 from collectors.collect.report import ReportSpec, collect_report
 from config.params import TrainConfig
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.outcome import first_round_start
+from decoder.core.policies import schedule_bits
+from decoder.core.state import CONTEXT_NAMES, LOOKAHEAD_NAME, history_names, state_feature_names
+from decoder.deploy.latency import price_round
+from decoder.deploy.scheduler import build_manifest, load_scheduler, write_artifact
 from decoder.generate import generate
-from decoder.latency import price_round
-from decoder.models import make_pair
-from decoder.outcome import first_round_start
-from decoder.policies import schedule_bits
-from decoder.scheduler import build_manifest, load_scheduler, write_artifact
-from decoder.state import CONTEXT_NAMES, LOOKAHEAD_NAME, history_names, state_feature_names
+from decoder.models.pair import make_pair
 from features.round_states import feature_matrix, report_context, round_states
 from models.cross_fit import StudentSpec, fit_student
 from models.mlp import mlp_arrays

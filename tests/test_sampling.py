@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from decoder.sampling import accept_among, sample_walk
-from decoder.tree import DraftTree
+from decoder.core.sampling import accept_among, sample_walk
+from decoder.core.tree import DraftTree
 
 
 def chi2_pvalue_ok(counts: np.ndarray, probs: np.ndarray, n: int) -> bool:

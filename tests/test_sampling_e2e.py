@@ -7,9 +7,9 @@ import torch
 from conftest import noisy_copy, tiny_model
 from test_sampling import chi2_pvalue_ok
 
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
 from decoder.generate import generate
-from decoder.models import make_pair
+from decoder.models.pair import make_pair
 
 V = 8
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]

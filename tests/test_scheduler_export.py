@@ -14,12 +14,11 @@ import pytest
 import torch
 from conftest import noisy_copy, tiny_model
 
-from decoder.config import DecodeConfig
-from decoder.generate import generate
-from decoder.models import make_pair
-from decoder.planning import HEADS, suffix_feature_names
-from decoder.policies import RuntimeContext
-from decoder.scheduler import (
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import RuntimeContext
+from decoder.core.state import state_feature_names
+from decoder.deploy.planning import HEADS, suffix_feature_names
+from decoder.deploy.scheduler import (
     LearnedScheduler,
     ManifestError,
     build_manifest,
@@ -28,7 +27,8 @@ from decoder.scheduler import (
     read_artifact,
     write_artifact,
 )
-from decoder.state import state_feature_names
+from decoder.generate import generate
+from decoder.models.pair import make_pair
 from models.mlp import mlp_arrays
 from models.onnx_export import head_to_onnx, run_onnx
 from models.student import HEAD, Student
@@ -154,7 +154,7 @@ import sys
 for name in ("torch", "lightning", "sklearn", "transformers"):
     sys.modules[name] = None  # any import of these now fails
 import numpy as np
-from decoder.scheduler import LearnedScheduler, read_artifact
+from decoder.deploy.scheduler import LearnedScheduler, read_artifact
 art = read_artifact({str(path)!r}, "student")
 sched = LearnedScheduler(art, art.manifest["signals"])
 print(sched.decide(np.zeros(17)), sched.margin(np.ones(17)))
@@ -163,7 +163,7 @@ print(sched.decide(np.zeros(17)), sched.margin(np.ones(17)))
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
     )
     assert out.returncode == 0, out.stderr
-    tree = ast.parse((Path(__file__).parents[1] / "decoder" / "scheduler.py").read_text())
+    tree = ast.parse((Path(__file__).parents[1] / "decoder" / "deploy" / "scheduler.py").read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not {m.split(".")[0] for m in imported} & {

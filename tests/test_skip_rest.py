@@ -21,13 +21,13 @@ from test_scheduler_export import student_artifact
 
 from collectors.collect.policy_replay import replay_policy
 from collectors.collect.replay import Replayer
-from decoder.artifact import ManifestError
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import RuntimeContext, StepContext, schedule_bits
+from decoder.deploy.artifact import ManifestError
+from decoder.deploy.latency import counts_from_round
+from decoder.deploy.scheduler import load_scheduler
 from decoder.generate import generate
-from decoder.latency import counts_from_round
-from decoder.models import make_pair
-from decoder.policies import RuntimeContext, StepContext, schedule_bits
-from decoder.scheduler import load_scheduler
+from decoder.models.pair import make_pair
 from features.round_states import fixed_schedule_pct, fixed_schedules_pct_by_report, priced_walk_pct
 from models import gate as gate_rules
 from models.round_walks import RoundSet
@@ -350,7 +350,7 @@ def test_the_gate_walks_are_the_priced_walks_per_report() -> None:
 
 def test_a_gate_states_its_manifest_fields_and_rule_and_refuses_bad_values() -> None:
     """What export writes for each gate: nothing without one; g alone; g with its target_ms cap.
-    The decoder reads these names (decoder.scheduler.LearnedScheduler)."""
+    The decoder reads these names (decoder.deploy.scheduler.LearnedScheduler)."""
     assert gate_rules.Gate().manifest_fields() == {} and gate_rules.Gate().rule_text() == ""
     assert gate_rules.Gate(0.5).manifest_fields() == {"skip_rest_below": 0.5}
     capped = gate_rules.Gate(0.5, 8.0)

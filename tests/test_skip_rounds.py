@@ -24,13 +24,13 @@ from test_skip_rest import RUNTIME, _ctx, _round_set, _tables
 
 from collectors.collect.policy_replay import replay_policy
 from collectors.collect.replay import Replayer
-from decoder.artifact import ManifestError
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import RoundBackoff, schedule_bits, start_generation
+from decoder.deploy.artifact import ManifestError
+from decoder.deploy.latency import counts_from_round
+from decoder.deploy.scheduler import LearnedScheduler, load_scheduler
 from decoder.generate import generate
-from decoder.latency import counts_from_round
-from decoder.models import make_pair
-from decoder.policies import RoundBackoff, schedule_bits, start_generation
-from decoder.scheduler import LearnedScheduler, load_scheduler
+from decoder.models.pair import make_pair
 from features.round_states import backoff_walk_pct, priced_walk_pct
 from models import gate as gate_rules
 

@@ -11,8 +11,8 @@ import torch
 
 from collectors.collect.pool import WorkerPool
 from config.params import TrainConfig
-from decoder.planning import suffix_feature_names
-from decoder.state import SIGNAL_NAMES, state_feature_names
+from decoder.core.state import SIGNAL_NAMES, state_feature_names
+from decoder.deploy.planning import suffix_feature_names
 from models.cross_fit import FoldInputs, StudentSpec, TrainRows, cross_fit, pool_fitter
 from models.mlp import count_parameters
 from models.offline import (

@@ -1,4 +1,4 @@
-"""Per-request switch-off (decoder/switch_off.py): speculation goes off while it costs more than AR
+"""Per-request switch-off (decoder/deploy/switch_off.py): speculation goes off while it costs more than AR
 in priced terms, probes come back at an exponential, capped backoff, and the report counts it."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from conftest import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder.config import DecodeConfig, TreeConfig
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.records import OFF, TREE, RoundModes, RoundStats
+from decoder.deploy.latency import LatencyProfile
+from decoder.deploy.round_prices import ProfilePricer
+from decoder.deploy.switch_off import SwitchOff, SwitchOffRule
 from decoder.generate import generate
-from decoder.latency import LatencyProfile
-from decoder.models import make_pair
-from decoder.outcome import OFF, TREE, RoundModes, RoundStats
-from decoder.round_prices import ProfilePricer
-from decoder.switch_off import SwitchOff, SwitchOffRule
+from decoder.models.pair import make_pair
 
 DEPTH = 3
 TREE_CFG = TreeConfig(depth=DEPTH, width=2, topk=2, budget=8)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from synthetic_collect import synthetic_tables
 from synthetic_rounds import synthetic_rounds
 
-from decoder.state import CONTEXT_NAMES, history_names
+from decoder.core.state import CONTEXT_NAMES, history_names
 from features.canonical import canonicalize
 from features.collect_schemas import TRAJECTORIES, actions_spec, rounds_spec
 from features.schemas import samples_spec, states_spec

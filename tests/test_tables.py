@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import features.tables as tables
-from decoder.state import state_feature_names
+from decoder.core.state import state_feature_names
 from features.collect_schemas import TRAJECTORIES, actions_spec
 from features.tables import VERSION_KEY, SchemaError, TableSpec, read_table, to_table, write_table
 

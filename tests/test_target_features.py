@@ -9,13 +9,13 @@ import pytest
 import torch
 from conftest import noisy_copy, tiny_model
 
-from decoder.block import Marginals
-from decoder.block_proposers import CausalLMProposer
-from decoder.config import BlockConfig, DecodeConfig
+from decoder.core.config import BlockConfig, DecodeConfig
+from decoder.core.tree import DraftTree
+from decoder.core.verify import TargetVerifier
 from decoder.generate import generate
-from decoder.models import make_pair
-from decoder.tree import DraftTree
-from decoder.verify import TargetVerifier
+from decoder.graft.block import Marginals
+from decoder.graft.proposers import CausalLMProposer
+from decoder.models.pair import make_pair
 
 
 def fresh_features(model, tokens: list[int], layers: tuple[int, ...]) -> torch.Tensor:

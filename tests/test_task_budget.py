@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from collectors.graft.budget import best_arm, choice_arms, left_out_speedups
-from decoder.config import BlockBudgetRule
+from decoder.core.config import BlockBudgetRule
 
 B_MAX = 4
 ARMS = choice_arms(B_MAX)  # fixed B only: (B, TDES, None)

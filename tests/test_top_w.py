@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder.tree import DraftTree, top_w
+from decoder.core.tree import DraftTree, top_w
 
 
 def _tree(parents_pick: list[int], logps: list[float]) -> DraftTree:

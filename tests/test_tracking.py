@@ -19,9 +19,9 @@ import pandas as pd
 import pytest
 
 from config.params import ROOT, Params, load_params
-from decoder.artifact import build_manifest, write_artifact
-from decoder.scheduler import load_scheduler
-from decoder.state import SIGNAL_NAMES, state_feature_names
+from decoder.core.state import SIGNAL_NAMES, state_feature_names
+from decoder.deploy.artifact import build_manifest, write_artifact
+from decoder.deploy.scheduler import load_scheduler
 from pipeline.cli import stage_params
 from pipeline.provenance import data_hash, declared_values, git_revision, json_sha256, stage_inputs
 from pipeline.tracking import (

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collectors.collect.trajectory import BranchOutcome, Walk, accepted_along, arrival, arrival_lag
-from decoder.tree import DraftTree
+from decoder.core.tree import DraftTree
 
 
 def outcome(accepted: int, calls: tuple[int, ...] = (), fed: int = -1, blocks: frozenset[int] = frozenset()):

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder.tree import ROOT, DraftTree
+from decoder.core.tree import ROOT, DraftTree
 
 
 @st.composite
@@ -125,7 +125,8 @@ def test_non_finite_scores_are_refused():
 
 def test_tree_core_does_not_import_torch():
     modules = (
-        "decoder.tree, decoder.ngram, decoder.sampling, decoder.state, decoder.scheduler, decoder.ddtree"
+        "decoder.core.tree, decoder.core.ngram, decoder.core.sampling, decoder.core.state, "
+        "decoder.deploy.scheduler, decoder.graft.ddtree"
     )
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

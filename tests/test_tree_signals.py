@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from decoder.ngram import NgramDrafter
-from decoder.policies import BuildState, RuntimeContext
-from decoder.state import SIGNAL_NAMES, context_features, history_features, step_signals, tree_signals
-from decoder.tree import DraftTree
+from decoder.core.ngram import NgramDrafter
+from decoder.core.policies import BuildState, RuntimeContext
+from decoder.core.state import SIGNAL_NAMES, context_features, history_features, step_signals, tree_signals
+from decoder.core.tree import DraftTree
 
 
 def test_signals_on_a_hand_built_tree():

@@ -10,9 +10,9 @@ from transformers import DynamicCache
 
 from collectors.collect.branch_mid import BranchMid, batch_rescore, committed_kv
 from collectors.collect.trie_mid import RoundTrie, TrieBranchMid
-from decoder.mid import TreeScores
-from decoder.tensors import causal_block, forward_block
-from decoder.tree import DraftTree
+from decoder.core.mid import TreeScores
+from decoder.core.tensors import causal_block, forward_block
+from decoder.core.tree import DraftTree
 
 VOCAB = 96
 

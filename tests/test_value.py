@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from decoder.planning import all_suffixes, encode_suffix, suffix_feature_names
+from decoder.deploy.planning import all_suffixes, encode_suffix, suffix_feature_names
 from features.selection import nmae
 from models.mlp import count_parameters
 from models.value import PAPER_VALUE_PARAMS, ValueSystem, value_param_count

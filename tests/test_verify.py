@@ -10,14 +10,14 @@ import torch
 from conftest import noisy_copy, tiny_model
 from transformers import DynamicCache
 
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.mid import MidDrafter
+from decoder.core.ngram import TargetLogpCache
+from decoder.core.tensors import ROW_BLOCK, QueryBlock, causal_block, forward_block
+from decoder.core.tree import DraftTree
+from decoder.core.verify import PromptRows, TargetVerifier
 from decoder.generate import generate
-from decoder.mid import MidDrafter
-from decoder.models import make_pair
-from decoder.ngram import TargetLogpCache
-from decoder.tensors import ROW_BLOCK, QueryBlock, causal_block, forward_block
-from decoder.tree import DraftTree
-from decoder.verify import PromptRows, TargetVerifier
+from decoder.models.pair import make_pair
 
 
 def random_tree(root: int, vocab: int, n: int, seed: int) -> DraftTree:

@@ -18,7 +18,7 @@ from collectors.evaluation.wall_agreement import (
     verdict,
 )
 from collectors.evaluation.wall_decode import pair_prompts, wall_methods
-from decoder.policies import AR
+from decoder.core.policies import AR
 
 RNG = np.random.default_rng(5)
 AR_S = RNG.uniform(0.5, 3.0, 8)  # eight prompts of very different lengths

@@ -16,10 +16,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from collectors.data.embedded_data import stdlib_files
 from config.params import ModelSpec, Params, load_params
-from decoder.block_drafter import load_block_drafter
-from decoder.checkpoint import DIGEST_FILE, CheckpointError, verify_folder
-from decoder.models import TokenizerMismatchError, load_pair
-from decoder.templates import get_template, render
+from decoder.graft.drafter import load_block_drafter
+from decoder.models.checkpoint import DIGEST_FILE, CheckpointError, verify_folder
+from decoder.models.pair import TokenizerMismatchError, load_pair
+from decoder.models.templates import get_template, render
 from models.lm_training import build_model, grow_model
 from models.tokenizer_training import tokenizer_digest
 from models.zoo import cheapest_equivalent, check_block_targets, read_corpus, train_zoo, training_order

@@ -4,7 +4,7 @@ At a round start, every schedule prefix that calls the mid drafter at step k is 
 own tree and its own fed tree nodes. `batch_rescore` runs all of their unseen nodes in ONE
 forward: the cache holds the committed context once, then each branch's fed-node KV, and the mask
 lets each branch see only the context and its own ancestors. The result per branch equals what
-`decoder.mid.MidDrafter.rescore` computes for that branch alone (up to float rounding).
+`decoder.core.mid.MidDrafter.rescore` computes for that branch alone (up to float rounding).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from decoder.mid import MidCall, TreeScores, tree_query
-from decoder.tree import DraftTree
+from decoder.core.mid import MidCall, TreeScores, tree_query
+from decoder.core.tree import DraftTree
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, n, dim]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from collectors.collect.records import RoundRecord
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import StepContext
+from decoder.core.state import step_signals
 from decoder.generate import generate
-from decoder.models import ModelPair
-from decoder.policies import StepContext
-from decoder.state import step_signals
+from decoder.models.pair import ModelPair
 
 
 @dataclass

@@ -34,10 +34,10 @@ from collectors.collect.source_closure import closure_fingerprint
 from collectors.data.prompts import Question, encode_prompts, load_questions
 from collectors.pricing.budget_file import read_pair_budget
 from config.params import Params, TreeParams, resolve
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.files import sha256_of_file
-from decoder.json_manifest import digest_json
-from decoder.latency import LatencyProfile, load_profile
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.deploy.latency import LatencyProfile, load_profile
+from decoder.io.files import sha256_of_file
+from decoder.io.json_manifest import digest_json
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
@@ -133,7 +133,7 @@ _LOADED: dict[tuple, object] = {}
 
 def load_registered_pair(params: Params, name: str):
     """Load a registered pair once per process (the last one only: one pair's weights in memory)."""
-    from decoder.models import load_pair
+    from decoder.models.pair import load_pair
 
     target, mid = params.pair_paths(name)
     spec = params.pairs[name]

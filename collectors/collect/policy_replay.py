@@ -3,7 +3,7 @@
 Why it is exact: as in collectors/collect/replay.py, lossless decoding commits the target's greedy
 continuation g, and a round from L committed tokens accepts the longest path of its pruned tree
 that spells g[L:]. The scheduler is asked before each step with the StepContext that
-``decoder.construct.RoundBuilder.build`` would give it (same tree, same history, same runtime
+``decoder.core.construct.RoundBuilder.build`` would give it (same tree, same history, same runtime
 facts; ``start_generation`` before each prompt, as ``generate`` does), so it makes the decisions
 it makes in ``generate``, and the counts (verified nodes, mid call tokens, catch-up, small steps,
 decisions taken) are execute mode's. tests/test_policy_replay.py checks this against ``generate``
@@ -30,10 +30,10 @@ from collectors.collect.branch_mid import BranchMid, batch_rescore, committed_kv
 from collectors.collect.records import RoundRecord
 from collectors.collect.replay import Branch, Replayer, ReplayInputs, read_log
 from collectors.collect.trajectory import Walk
-from decoder.construct import RoundBuilder
-from decoder.mid import TreeScores
-from decoder.outcome import first_round_start
-from decoder.policies import (
+from decoder.core.construct import RoundBuilder
+from decoder.core.mid import TreeScores
+from decoder.core.outcome import first_round_start
+from decoder.core.policies import (
     Lookahead,
     RuntimeContext,
     Scheduler,
@@ -41,7 +41,7 @@ from decoder.policies import (
     decision_taken,
     start_generation,
 )
-from decoder.state import step_signals
+from decoder.core.state import step_signals
 
 StepKey = tuple[int, tuple[bool, ...]]  # (round start, the bits of steps 1..k)
 

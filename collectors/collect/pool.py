@@ -10,7 +10,7 @@ batches of tasks (distill's student fits).
 
 Devices: on ``device="cuda"`` the pool runs one worker per visible CUDA device (``workers`` counts CPU
 processes only), and each worker makes its own ``cuda:i`` torch's current device before it takes a
-task (decoder.devices.worker_devices), so tasks that load onto a bare ``cuda`` never share a GPU.
+task (decoder.models.devices.worker_devices), so tasks that load onto a bare ``cuda`` never share a GPU.
 Any other device (``cpu``, an explicit ``cuda:1``) is every worker's, as ``workers`` says.
 
 A task that raises fails the run: the parent raises ``TaskError`` naming the task's label (a report
@@ -34,8 +34,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 
-from decoder.devices import cuda_device_count, worker_devices
-from decoder.memory import configure_process
+from decoder.models.devices import cuda_device_count, worker_devices
+from decoder.models.memory import configure_process
 
 
 class TaskError(RuntimeError):
@@ -112,7 +112,7 @@ def run_tasks(
     device: str = "cpu",
 ) -> list:
     """``fn(*task.args)`` for every task, in task order; ``done(task, result)`` as each finishes.
-    Worker processes run decoder.memory.configure_process: ``threads`` torch threads and, with
+    Worker processes run decoder.models.memory.configure_process: ``threads`` torch threads and, with
     ``keep_freed``, freed memory kept, as the parent's ``apply_runtime`` does; and their own device
     (``device="cuda"``: one worker per visible GPU, see the module docstring)."""
     if device == "cuda":

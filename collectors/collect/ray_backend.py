@@ -19,7 +19,7 @@ Contract:
   ``collect.ray.gpus_per_task`` GPUs, and is released when its last report is in, so pairs beyond
   the cluster's size start as others finish. Devices: with GPUs reserved Ray shows each actor only
   its own, so a bare ``cuda`` is that one; with none reserved, actors of ``cuda`` pairs take the
-  driver's visible devices round-robin (``cuda:i``, decoder.devices.worker_devices).
+  driver's visible devices round-robin (``cuda:i``, decoder.models.devices.worker_devices).
 - The tables equal the local backend's byte for byte: same prompts (plan.report_prompts, on the
   driver), same decode config, same collect_report, same writer.
 """
@@ -44,11 +44,11 @@ from tqdm import tqdm
 from collectors.collect.plan import pair_tree, profile_for, report_inputs, report_prompts
 from collectors.collect.report import ReportSpec, ReportTables, collect_report, write_report
 from config.params import ROOT, Params, RayParams
-from decoder.config import DecodeConfig
-from decoder.devices import cuda_device_count, worker_devices
-from decoder.latency import LatencyProfile
-from decoder.memory import configure_process
-from decoder.models import load_pair
+from decoder.core.config import DecodeConfig
+from decoder.deploy.latency import LatencyProfile
+from decoder.models.devices import cuda_device_count, worker_devices
+from decoder.models.memory import configure_process
+from decoder.models.pair import load_pair
 
 log = logging.getLogger(__name__)
 # What a worker imports of the project: shipped with the job, so no node needs a checkout.

@@ -12,11 +12,9 @@ import math
 from dataclasses import dataclass
 from itertools import accumulate
 
-from decoder.config import TreeConfig
-from decoder.latency import LatencyProfile, RoundCounts, fed_before_calls, price_round
-from decoder.policies import RuntimeContext
-from decoder.runtime_costs import runtime_costs
-from decoder.state import (
+from decoder.core.config import TreeConfig
+from decoder.core.policies import RuntimeContext
+from decoder.core.state import (
     CONTEXT_NAMES,
     LOOKAHEAD_NAME,
     RECORDED_NAMES,
@@ -25,6 +23,8 @@ from decoder.state import (
     history_features,
     history_names,
 )
+from decoder.deploy.latency import LatencyProfile, RoundCounts, fed_before_calls, price_round
+from decoder.deploy.runtime_costs import runtime_costs
 
 LOOKAHEAD = RECORDED_NAMES.index(LOOKAHEAD_NAME)  # its place in a step's recorded signals
 
@@ -37,7 +37,7 @@ class RoundRecord:
     mid_tree_tokens: tuple[int, ...]  # tree nodes forwarded, one entry per mid call
     mid_catch_up: int  # committed tokens forwarded with the round's first mid call
     small_steps: int
-    signals: tuple[tuple[float, ...], ...]  # before each step, RECORDED_NAMES order (decoder.state)
+    signals: tuple[tuple[float, ...], ...]  # before each step, RECORDED_NAMES order (decoder.core.state)
     measured_ms: float = math.nan  # wall time without collection overhead (execute mode only)
     tree_nodes: int = 0  # live tree nodes before the prune, root included (0: unknown, priced as verified)
     small_frontier: int | None = None  # frontier nodes the small steps expanded in all (None: unknown)
@@ -76,7 +76,7 @@ class ReportKey:
 
 def runtime_for(profile: LatencyProfile, prompt_tokens: float, tree: TreeConfig) -> RuntimeContext:
     """The runtime context a scheduler sees: typical verify and mid-call times from the profile
-    (decoder.runtime_costs, which a deployment bundle's decoder also builds them with)."""
+    (decoder.deploy.runtime_costs, which a deployment bundle's decoder also builds them with)."""
     return runtime_costs(profile, tree).context(prompt_tokens)
 
 

@@ -16,11 +16,11 @@ is still charged for all the nodes a real decoder would forward for it.
 
 Each schedule's trajectory then walks from start to start (L -> L + A + 1) through the memoised
 outcomes, with the same stopping rules and the same mid catch-up accounting as execute mode
-(collectors/collect/trajectory.py). The first new token comes from the prefill (decoder/verify.py),
+(collectors/collect/trajectory.py). The first new token comes from the prefill (decoder/core/verify.py),
 so the first round starts after it.
 
 Prompt rows: decoding computes a block of the prompt's top-m rows the first time an n-gram step
-reads a position of it (decoder/verify.py PromptRows). Replay holds every row up front and logs
+reads a position of it (decoder/core/verify.py PromptRows). Replay holds every row up front and logs
 which blocks each branch's small steps read (`ReadLog`); a trajectory's round is charged the blocks
 no earlier round of that trajectory read (trajectory.Walk), which is what decoding computes in that
 round.
@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 from transformers import DynamicCache
 
+from collectors.collect.batch_greedy import NOT_GREEDY, GreedyCheck, greedy_batch
 from collectors.collect.branch_mid import KV, BranchMid, committed_kv
 from collectors.collect.trajectory import (
     BranchOutcome,
@@ -45,20 +46,19 @@ from collectors.collect.trajectory import (
     small_frontier,
 )
 from collectors.collect.trie_mid import RoundTrie, TrieBranchMid
-from decoder.batch_greedy import NOT_GREEDY, GreedyCheck, greedy_batch
-from decoder.budget import verify_budget
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.construct import RoundBuilder
+from decoder.core.budget import verify_budget
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.construct import RoundBuilder
+from decoder.core.mid import TreeScores
+from decoder.core.ngram import NgramDrafter, TargetLogpCache
+from decoder.core.outcome import first_round_start
+from decoder.core.policies import BuildState
+from decoder.core.state import step_signals
+from decoder.core.tensors import ROW_BLOCK, causal_block, forward_block
+from decoder.core.verify import TargetVerifier, top_logps
+from decoder.deploy.latency import LatencyProfile
 from decoder.generate import generate
-from decoder.latency import LatencyProfile
-from decoder.mid import TreeScores
-from decoder.models import ModelPair
-from decoder.ngram import NgramDrafter, TargetLogpCache
-from decoder.outcome import first_round_start
-from decoder.policies import BuildState
-from decoder.state import step_signals
-from decoder.tensors import ROW_BLOCK, causal_block, forward_block
-from decoder.verify import TargetVerifier, top_logps
+from decoder.models.pair import ModelPair
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class Replayer:
         return self.config.max_new_tokens + max(0, min(cfg.depth * max(cfg.ngram_chain_len, 1) + 1, room))
 
     def warm(self, prompts: list[list[int]]) -> None:
-        """Decode the continuations of ``prompts`` in batches (decoder/batch_greedy.py) for
+        """Decode the continuations of ``prompts`` in batches (collectors/collect/batch_greedy.py) for
         :meth:`continuation` to take, with their n-gram drafters for :meth:`ngram_with_rows`. Each
         is checked against the unbatched target forwards that give its rows (:meth:`rows_and_check`),
         so the check costs no forward of its own; one that fails (a near-tie the batch broke the

@@ -28,12 +28,12 @@ from collectors.collect.records import ReportKey, RoundRecord, bits_text, runtim
 from collectors.collect.replay import Replayer
 from collectors.collect.trajectory import BranchOutcome, PromptReplay
 from config.params import COLLECT_MODES
-from decoder.config import DecodeConfig
-from decoder.files import fsync_dir, sha256_of_file
-from decoder.json_manifest import digest_json, read_json_object
-from decoder.latency import LatencyProfile, RoundCounts, price_round
-from decoder.models import ModelPair
-from decoder.policies import schedule_bits
+from decoder.core.config import DecodeConfig
+from decoder.core.policies import schedule_bits
+from decoder.deploy.latency import LatencyProfile, RoundCounts, price_round
+from decoder.io.files import fsync_dir, sha256_of_file
+from decoder.io.json_manifest import digest_json, read_json_object
+from decoder.models.pair import ModelPair
 from features.collect_schemas import CONTINUATIONS, MAX_DEPTH, TRAJECTORIES, actions_spec, rounds_spec
 from features.tables import SchemaError, TableSpec, read_table, to_table, write_table
 

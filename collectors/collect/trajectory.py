@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from collectors.collect.records import RoundRecord
-from decoder.tree import ROOT, DraftTree
+from decoder.core.tree import ROOT, DraftTree
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ branches forward about 3x more nodes than there are distinct paths. ``RoundTrie`
 any branch has forwarded at this round start, with its row and its KV, in one cache (committed
 context, then the trie's nodes in the order they were first forwarded); a mid call forwards only
 the paths no branch has forwarded yet, in one single-sequence forward whose mask lets each node see
-the context and its own ancestors, as ``decoder.mid.MidDrafter`` does. Each branch then gets the
+the context and its own ancestors, as ``decoder.core.mid.MidDrafter`` does. Each branch then gets the
 rows of its own unseen nodes, and is charged for all of them (``pending``): the counts are those of
 a real decoder, which has no other branches to borrow from. The rows equal ``batch_rescore``'s up to
 float rounding (tests/test_trie_mid.py).
@@ -22,8 +22,8 @@ import torch
 from transformers import DynamicCache
 
 from collectors.collect.branch_mid import KV, BranchMid
-from decoder.tensors import QueryBlock, forward_block
-from decoder.tree import DraftTree
+from decoder.core.tensors import QueryBlock, forward_block
+from decoder.core.tree import DraftTree
 
 
 @dataclass

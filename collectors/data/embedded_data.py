@@ -40,8 +40,8 @@ from typing import Any
 from collectors.data import gsm_runner
 from collectors.data.prompts import Question, write_questions
 from config.params import PinnedPackage
-from decoder.files import sha256_of_file
-from decoder.templates import get_template, render
+from decoder.io.files import sha256_of_file
+from decoder.models.templates import get_template, render
 
 log = logging.getLogger(__name__)
 

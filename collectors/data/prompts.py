@@ -4,7 +4,7 @@ Contract: a benchmark folder holds one subfolder per benchmark, each with a ``qu
 whose lines are JSON objects with ``question_id`` (int or str), ``category`` (str) and ``turns``
 (a non-empty list of str); other keys are kept out of the way and ignored. Every problem in a
 file raises :class:`PromptFileError` whose message starts with ``<file>:<line>:``. Formatting goes
-through the template registry in ``decoder.templates``; this module knows no model and no token id
+through the template registry in ``decoder.models.templates``; this module knows no model and no token id
 except in :func:`encode_prompts`, which takes any tokenizer with ``encode``.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from decoder.templates import AUTO, ChatTokenizer, render_prompt
+from decoder.models.templates import AUTO, ChatTokenizer, render_prompt
 
 QUESTION_FILE = "question.jsonl"
 
@@ -133,7 +133,7 @@ def encode_prompts(
     max_prompt_tokens: int,
 ) -> list[list[int]]:
     """Format and tokenize; over-long prompts keep their last ``max_prompt_tokens`` tokens.
-    ``auto`` takes the chat template from ``tokenizer`` (decoder.templates.AUTO)."""
+    ``auto`` takes the chat template from ``tokenizer`` (decoder.models.templates.AUTO)."""
     chat = tokenizer if template == AUTO else None
     out = []
     for q in questions:

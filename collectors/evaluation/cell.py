@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 from collectors.collect.replay import Replayer
 from collectors.data.prompts import Question
 from decoder.check_lossless import LosslessReport, check_outputs, fp32_judge
-from decoder.config import DecodeConfig
-from decoder.generate import GenerationResult
-from decoder.latency import LatencyProfile, counts_from_round, price_ar, price_round
+from decoder.core.config import DecodeConfig
+from decoder.core.outcome import GenerationResult
+from decoder.core.policies import AR, FixedSchedule, RuntimeContext, schedule_bits
+from decoder.deploy.latency import LatencyProfile, counts_from_round, price_ar, price_round
 from decoder.measure import ONCE, Method, Repeats, run_side_by_side, summarise
-from decoder.models import ModelPair
-from decoder.policies import AR, FixedSchedule, RuntimeContext, schedule_bits
+from decoder.models.pair import ModelPair
 
 # Warm-up tokens per method before a pair's timed runs: the full warm-up on a pair's first cell, a
 # token on its later cells (the same models and methods decoded just before, so already warm).

@@ -1,10 +1,11 @@
 """What the evaluation stages decode: the exported policies and each pair's checked deployment bundle.
 
-Contract: every policy is loaded and validated by the decoder (decoder.deployment, decoder.scheduler)
-from the export and deploy stages' folders named in params; a bundle written from other inputs than
-the ones the stage decodes with (tree, runtime costs, student) is stale and fails with a ValueError
-naming the field. Shared by ``evaluate`` (priced rows, the ``deployed`` row) and ``wall_check`` (the
-same policies decoded for real), which both start with :func:`load_evaluated`.
+Contract: every policy is loaded and validated by the decoder (decoder.deploy.deployment,
+decoder.deploy.scheduler) from the export and deploy stages' folders named in params; a bundle
+written from other inputs than the ones the stage decodes with (tree, runtime costs, student) is
+stale and fails with a ValueError naming the field. Shared by ``evaluate`` (priced rows, the
+``deployed`` row) and ``wall_check`` (the same policies decoded for real), which both start with
+:func:`load_evaluated`.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from collectors.evaluation.eval_report import DEPLOYED
 from collectors.evaluation.priced_eval import ENDPOINTS
 from collectors.evaluation.priced_tasks import decode_config
 from config.params import Params, resolve
-from decoder.config import TreeConfig
-from decoder.deployment import Deployment, load_deployment, threshold_variants, variant_name
-from decoder.runtime_costs import runtime_costs
-from decoder.scheduler import LearnedScheduler, load_value_planner
+from decoder.core.config import TreeConfig
+from decoder.deploy.deployment import Deployment, load_deployment, threshold_variants, variant_name
+from decoder.deploy.runtime_costs import runtime_costs
+from decoder.deploy.scheduler import LearnedScheduler, load_value_planner
 
 
 def exported_students(params: Params, offsets: Sequence[float]) -> dict[str, LearnedScheduler]:
     """The exported student (``export.out_dir``) at every threshold offset (the pair check's:
-    models.offline.THRESHOLD_OFFSETS), by decoder.deployment.variant_name."""
+    models.offline.THRESHOLD_OFFSETS), by decoder.deploy.deployment.variant_name."""
     tree = tree_config(params.tree)
     path = resolve(params.export.out_dir) / "scheduler.json"
     return threshold_variants(path, tree.depth, tree.width, offsets)

@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 
 from collectors.evaluation.priced_eval import FIXED, Cell, PricedCell, PricedMethod, TargetRows
-from decoder.files import replace_atomically, sha256_of_file
+from decoder.io.files import replace_atomically, sha256_of_file
 
 SCHEMA = "treegraft-evaluate-fixed/3"  # 2: with the target's rows; 3: the rows as Parquet
 ROWS_SUFFIX = ".rows.parquet"

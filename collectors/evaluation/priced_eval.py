@@ -31,12 +31,12 @@ from collectors.collect.policy_replay import StepMemo, replay_policy
 from collectors.collect.records import RoundRecord, bits_text
 from collectors.collect.replay import Replayer, TargetRows, drafter_from_rows, drafter_rows
 from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
-from decoder.config import DecodeConfig
-from decoder.json_manifest import digest_json
-from decoder.latency import LatencyProfile, price_ar, price_round
-from decoder.models import ModelPair
-from decoder.ngram import NgramDrafter
-from decoder.policies import FixedSchedule, RuntimeContext, parse_policy, schedule_bits
+from decoder.core.config import DecodeConfig
+from decoder.core.ngram import NgramDrafter
+from decoder.core.policies import FixedSchedule, RuntimeContext, parse_policy, schedule_bits
+from decoder.deploy.latency import LatencyProfile, price_ar, price_round
+from decoder.io.json_manifest import digest_json
+from decoder.models.pair import ModelPair
 
 FIXED = {"all-small": "00000", "all-mid": "11111"}
 
@@ -217,7 +217,7 @@ def merge_parts(fixed: PricedCell, learned: PricedCell) -> PricedCell:
 
 
 def _fixed_schedules(fixed: dict[str, str], depth: int) -> dict[str, FixedSchedule]:
-    """Each fixed method's schedule (decoder.policies.parse_policy: bit strings, 'all-small',
+    """Each fixed method's schedule (decoder.core.policies.parse_policy: bit strings, 'all-small',
     'all-mid'); a ValueError names a method that is not a fixed schedule."""
     out = {}
     for name, policy in fixed.items():

@@ -25,7 +25,7 @@ from collectors.evaluation.priced_eval import (
     prompts_digest,
 )
 from config.params import Params
-from decoder.config import DecodeConfig
+from decoder.core.config import DecodeConfig
 
 
 def cell_inputs(

@@ -22,7 +22,7 @@ import numpy as np
 from tabulate import tabulate
 
 from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
-from decoder.policies import AR
+from decoder.core.policies import AR
 
 AGREEMENT = (0.90, 1.10)  # the band priced / measured should fall in
 PROFILES = ("stage", "beside")  # the profile stage's prices; the pair profiled again beside its decodes

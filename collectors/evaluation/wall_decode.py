@@ -21,13 +21,14 @@ from collectors.collect.plan import load_registered_pair, tree_config
 from collectors.evaluation.cell import WARMUP_TOKENS, evaluate_cell, priced_ms
 from collectors.evaluation.priced_tasks import cell_inputs, decode_config
 from collectors.evaluation.wall_agreement import PromptTimes, agreement_rows
+from collectors.pricing.profile_passes import compare_profiles
 from collectors.pricing.profile_settings import measure_with_settings
 from config.params import Params
-from decoder.generate import GenerationResult
-from decoder.latency import LatencyProfile, compare_profiles
+from decoder.core.outcome import GenerationResult
+from decoder.core.policies import AR, FixedSchedule, parse_policy
+from decoder.deploy.latency import LatencyProfile
 from decoder.measure import Method, Repeats
-from decoder.models import ModelPair
-from decoder.policies import AR, FixedSchedule, parse_policy
+from decoder.models.pair import ModelPair
 
 
 def profile_beside(params: Params, pair: ModelPair, pair_id: str) -> LatencyProfile:

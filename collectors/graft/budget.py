@@ -14,7 +14,7 @@ Contract:
   every walked prompt at B (ties: the smaller B); with a fixed AR price that is the argmax of the
   pooled priced speedup.
 - :func:`rule_speedup` is the same pooled priced speedup for a per-round budget rule
-  (decoder/block_budget.py), each prompt walked under the rule; the pipeline fits the rule's node
+  (decoder/graft/budget.py), each prompt walked under the rule; the pipeline fits the rule's node
   model on these walkers' node rows (models/gain_fit.py) and picks its cap by it.
 - Per task: :func:`arm_totals` prices one prompt's walks under every arm of :func:`choice_arms`
   (each fixed B with and without TDES, and the pair's per-round rules); :func:`best_arm` is the arm
@@ -33,15 +33,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collectors.collect.batch_greedy import NOT_GREEDY
 from collectors.collect.report import ReportSpec
 from collectors.graft.costs import GraftCosts
 from collectors.graft.walk import ArmRun, BudgetWalker, Round, decode_arm, gate_check, lossless_gate
 from config.params import Params
-from decoder.batch_greedy import NOT_GREEDY
-from decoder.block import BlockProposer, Marginals
-from decoder.config import BlockBudgetRule
-from decoder.edge_scorer import EdgeScorer
-from decoder.models import ModelPair
+from decoder.core.config import BlockBudgetRule
+from decoder.graft.block import BlockProposer, Marginals
+from decoder.graft.edge_scorer import EdgeScorer
+from decoder.models.pair import ModelPair
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def walk_choice_prompt(
     output: list[int] | None = None,
 ) -> ChoiceWalks:
     """Ready ``prompt``'s walks at every B <= b_max along its greedy continuation. ``output``: that
-    continuation if already known (decoder/batch_greedy.py greedy_batch), used where the lossless
+    continuation if already known (collectors/collect/batch_greedy.py greedy_batch), used where the lossless
     gate's forward agrees with every token; otherwise (and where it is not given) the prompt is
     decoded at the collect budget and that output is gated (a batch can break a near-tie the other
     way: the unbatched target decides)."""

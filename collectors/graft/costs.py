@@ -1,18 +1,18 @@
 """Measured per-round costs of GRAFT's DDTree rounds, and the deterministic price of a round.
 
-A DDTree round (decoder/block_decode.py) is one block-drafter forward, the tree build (DDTree's
+A DDTree round (decoder/graft/decode.py) is one block-drafter forward, the tree build (DDTree's
 heap; with TDES the round's edge-score grid first), optionally a budget decision (SABA), and one
 target verification of the tree. :func:`measure_costs` times the first three here, on one
 reference context (a prompt prefilled into the target, the drafter reading its features), as
 collectors/pricing/profiling.py times a latency profile: every job runs once per pass in a fresh random
 order, a figure is the median over kept repeats of the per-repeat medians, and on a CPU with one
 torch thread the clock is this thread's CPU time. Verification and AR come from the pair's
-latency profile (decoder/latency.py), so given these measurements a round's price depends on
+latency profile (decoder/deploy/latency.py), so given these measurements a round's price depends on
 its counts only.
 
 Price of a round that verifies n drafted nodes: drafter_ms + build_ms(n) + verify_ms(n + 1)
 (+ saba_ms). build_ms interpolates the measured builds piecewise-linearly in n. Under a per-round
-budget rule of cap c (decoder/block_budget.py) every round builds c nodes and decides:
+budget rule of cap c (decoder/graft/budget.py) every round builds c nodes and decides:
 drafter_ms + build_ms(c) + rule_ms + verify_ms(n + 1), rule_ms measured at the largest size.
 """
 
@@ -25,15 +25,15 @@ import numpy as np
 import torch
 
 from collectors.pricing.profiling import Job, profile_clock, robust_medians
-from decoder.block import BlockProposer
-from decoder.block_budget import NODE_FEATURES, rule_budget
-from decoder.budget import linear_cost, saba_budget
-from decoder.config import BlockBudgetRule
-from decoder.ddtree import build_ddtree
-from decoder.edge_scorer import EdgeScorer
-from decoder.latency import LatencyProfile, Points, interpolate
-from decoder.models import ModelPair
-from decoder.verify import TargetVerifier
+from decoder.core.budget import linear_cost, saba_budget
+from decoder.core.config import BlockBudgetRule
+from decoder.core.verify import TargetVerifier
+from decoder.deploy.latency import LatencyProfile, Points, interpolate
+from decoder.graft.block import BlockProposer
+from decoder.graft.budget import NODE_FEATURES, rule_budget
+from decoder.graft.ddtree import build_ddtree
+from decoder.graft.edge_scorer import EdgeScorer
+from decoder.models.pair import ModelPair
 
 
 @dataclass(frozen=True)

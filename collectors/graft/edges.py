@@ -24,12 +24,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from decoder.block import BlockProposer, Marginals
-from decoder.config import BlockConfig, DecodeConfig
-from decoder.ddtree import build_ddtree
+from decoder.core.config import BlockConfig, DecodeConfig
+from decoder.core.tree import DraftTree
 from decoder.generate import generate
-from decoder.models import ModelPair
-from decoder.tree import DraftTree
+from decoder.graft.block import BlockProposer, Marginals
+from decoder.graft.ddtree import build_ddtree
+from decoder.models.pair import ModelPair
 from features.edge_schemas import EDGE_ROUNDS, EDGES
 from features.tables import SchemaError, TableSpec
 

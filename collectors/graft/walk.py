@@ -14,14 +14,14 @@ Contract (temperature 0):
 - :class:`BudgetWalker` is the replay trick made exact for every budget at once: at every start
   position L of the continuation the drafter proposes from the target's features of the first
   L - 1 positions, DDTree is built once at b_max, and the one greedy check of that largest tree
-  gives the accepted length under every B <= b_max (decoder.budget.budget_sweep: DDTree's pops at
+  gives the accepted length under every B <= b_max (decoder.core.budget.budget_sweep: DDTree's pops at
   B are the first B pops at b_max). Walking L -> L + A_B + 1 from the first round start (after the
   prefill's token) is then the
   round sequence of decoding at B, which :func:`decode_arm` at the same B must reproduce
   (the stage records the agreement; tests/test_graft_eval.py checks it). With a TDES scorer the
   same holds: the edge-scored heap also pops in node order and prune(B) keeps its first B pops.
   The walker holds those per-start sweeps; besides every fixed B it walks a per-round
-  budget rule (decoder/block_budget.py: each visited start decides B_t from its own tree, as
+  budget rule (decoder/graft/budget.py: each visited start decides B_t from its own tree, as
   decoding with ``BlockConfig(rule=...)`` does, which :func:`decode_arm` must reproduce) and gives
   the fitting rows of that rule: every node among the first b_max of each start a walk visits, its
   features and whether it is on the target's path.
@@ -34,20 +34,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from collectors.collect.batch_greedy import GreedyCheck, check_greedy
 from collectors.graft.edges import RecordingProposer, accepted_path, tree_match
-from decoder.batch_greedy import GreedyCheck, check_greedy
-from decoder.block import BlockProposer, Marginals
-from decoder.block_budget import node_features, rule_budget
-from decoder.block_decode import round_tree
-from decoder.budget import budget_sweep
-from decoder.config import BlockBudgetRule, BlockConfig, DecodeConfig
-from decoder.ddtree import build_ddtree
-from decoder.edge_scorer import EdgeScorer
+from decoder.core.budget import budget_sweep
+from decoder.core.config import BlockBudgetRule, BlockConfig, DecodeConfig
+from decoder.core.outcome import first_round_start
+from decoder.core.tensors import layer_features
+from decoder.core.tree import DraftTree
 from decoder.generate import generate
-from decoder.models import ModelPair
-from decoder.outcome import first_round_start
-from decoder.tensors import layer_features
-from decoder.tree import DraftTree
+from decoder.graft.block import BlockProposer, Marginals
+from decoder.graft.budget import node_features, rule_budget
+from decoder.graft.ddtree import build_ddtree
+from decoder.graft.decode import round_tree
+from decoder.graft.edge_scorer import EdgeScorer
+from decoder.models.pair import ModelPair
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def gate_check(
     pair: ModelPair, prompt: list[int], tokens: list[int], layers: tuple[int, ...]
 ) -> tuple[GreedyCheck, torch.Tensor]:
     """One teacher-forced target forward over prompt + ``tokens``: ``tokens`` against the target's
-    greedy token after each prefix (decoder.batch_greedy.check_greedy); the target's features of
+    greedy token after each prefix (collectors.collect.batch_greedy.check_greedy); the target's features of
     that forward, [len(prompt) + len(tokens) - 1, len(layers) * H]."""
     check = check_greedy(pair.target, prompt, tokens, pair.vocab_size, hidden_states=bool(layers))
     if check.hidden is None:

@@ -3,7 +3,7 @@
 Contract: ``<budget.out_dir>/budgets.json`` maps pair id -> an entry whose ``budget`` is the pair's
 `TreeConfig.budget` (verified nodes besides the root), an int in [1, tree.budget], and whose
 ``width`` and ``topk`` (when present) are its tree shape, whose ``round_budget`` (when not null)
-is its per-round budget rule (``verify_ms``, ``fixed_ms``, ``gain_scale``: decoder/budget.py
+is its per-round budget rule (``verify_ms``, ``fixed_ms``, ``gain_scale``: decoder/core/budget.py
 `verify_budget`); the entry's other keys are the
 measurements behind it (pipeline/budget.py). `write_budgets` replaces the file
 atomically (temp file in the same folder, fsync, rename). `load_budgets` and `pair_budget` raise a
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config.params import Params, resolve
-from decoder.files import replace_atomically
+from decoder.io.files import replace_atomically
 
 BUDGETS_FILE = "budgets.json"
 

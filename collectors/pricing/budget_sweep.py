@@ -3,7 +3,7 @@
 Contract (temperature 0, exact):
 - `SweepReplayer` is collectors.collect.replay's Replayer whose `finish` keeps each round's full tree and
   turns its one greedy acceptance into the accepted length and verified size under every budget
-  B <= tree.budget (decoder.budget.budget_sweep), as a `FullOutcome`.
+  B <= tree.budget (decoder.core.budget.budget_sweep), as a `FullOutcome`.
 - `sweep_prompt` builds every schedule's tree once at EVERY start position of the continuation and
   walks each (schedule, budget) trajectory start to start (L -> L + A_B + 1) with replay's own
   round accounting (`Walk`): each walk is the replay of decoding with `TreeConfig.budget = B`
@@ -12,9 +12,9 @@ Contract (temperature 0, exact):
   cost) against AR priced as one-token target steps, summed over the prompts: a `PolicySweep` per
   policy (All-Small, All-Mid when the pair has a mid drafter).
 - `PolicySweep.round_rule_speedup`: the priced speedup of decoding with a per-round budget rule
-  (decoder.budget.verify_budget), walked over the same outcomes at every start: exact, like the
+  (decoder.core.budget.verify_budget), walked over the same outcomes at every start: exact, like the
   budget walks. `round_rules` gives the candidates the budget stage tries.
-- `saba_line`: SABA's cost line C(B) = B c_verify + c_fixed (GRAFT's rule, decoder.budget) through
+- `saba_line`: SABA's cost line C(B) = B c_verify + c_fixed (GRAFT's rule, decoder.core.budget) through
   the mean drafting + tree work of the largest tree's rounds plus the profile's verify(B + 1).
 """
 
@@ -28,12 +28,12 @@ import numpy as np
 from collectors.collect.branch_mid import committed_kv
 from collectors.collect.replay import Branch, Replayer
 from collectors.collect.trajectory import BranchOutcome, Walk, accepted_along, small_frontier
-from decoder.budget import budget_sweep, expected_gains, linear_cost, round_budget, saba_budget
-from decoder.config import DecodeConfig, TreeConfig
-from decoder.construct import RoundBuilder
-from decoder.latency import LatencyProfile, RoundCounts, fed_before_calls, price_ar, price_round
-from decoder.models import ModelPair
-from decoder.outcome import first_round_start
+from decoder.core.budget import budget_sweep, expected_gains, linear_cost, round_budget, saba_budget
+from decoder.core.config import DecodeConfig, TreeConfig
+from decoder.core.construct import RoundBuilder
+from decoder.core.outcome import first_round_start
+from decoder.deploy.latency import LatencyProfile, RoundCounts, fed_before_calls, price_ar, price_round
+from decoder.models.pair import ModelPair
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class FullOutcome:
     tree_nodes: int
     frontier: int | None
     small_steps: int
-    gains: np.ndarray  # [B] the per-round rule's expected accepted under B (decoder.budget)
+    gains: np.ndarray  # [B] the per-round rule's expected accepted under B (decoder.core.budget)
     blocks: frozenset[int] = frozenset()  # prompt-row blocks its small steps read (the same under every B)
 
     def at(self, budget: int) -> BranchOutcome:
@@ -166,7 +166,7 @@ class PolicySweep:
     def round_rule_walks(self, rule: RoundRule) -> list[Walk]:
         """Per prompt, the trajectory of decoding with the per-round rule: at each round start the
         round verifies B_t = round_budget(scale x gains[0..cap], verify_ms, fixed_ms) nodes, as
-        decoder.budget.verify_budget does with TreeConfig(budget=cap, verify_ms=..., ...)."""
+        decoder.core.budget.verify_budget does with TreeConfig(budget=cap, verify_ms=..., ...)."""
         walks = []
         for start, limit, outcomes in self.starts:
             walk = Walk()

@@ -7,7 +7,7 @@ mode (collectors.collect.execute.execute_prompt): its measured round latency lea
 recording, and it is priced without decisions, as a fixed schedule decides nothing at run time. A
 scheduler callable runs through `generate` with the runtime context: its measured round latency
 includes its decisions, and it is priced with the decisions it took. Measured = the sum of the
-round's component times (decoder.generate), priced = decoder.latency.price_round of its counts.
+round's component times (decoder.core.decode), priced = decoder.deploy.latency.price_round of its counts.
 On a shared machine the wall clock also counts time the core spent on other processes, which a
 profile taken by CPU time (collectors.pricing.profiling.profile_clock) leaves out; so each row also has
 the decodes' CPU share (this thread's CPU time / wall time, 1 on an idle machine and one torch
@@ -25,12 +25,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from collectors.collect.execute import execute_prompt
-from decoder.config import DecodeConfig
-from decoder.generate import autoregressive, generate
-from decoder.latency import LatencyProfile, counts_from_round, price_round, round_parts
-from decoder.models import ModelPair
-from decoder.policies import FixedSchedule, RuntimeContext, StepContext, parse_policy
-from decoder.timing import COMPONENTS
+from decoder.core.config import DecodeConfig
+from decoder.core.decode import autoregressive
+from decoder.core.policies import FixedSchedule, RuntimeContext, StepContext, parse_policy
+from decoder.core.timing import COMPONENTS
+from decoder.deploy.latency import LatencyProfile, counts_from_round, price_round, round_parts
+from decoder.generate import generate
+from decoder.models.pair import ModelPair
 
 Policy = str | Callable[[StepContext], bool]
 
@@ -173,7 +174,7 @@ class ComponentRow:
 
     policy: str
     n_rounds: int
-    priced_ms: dict[str, float]  # decoder.timing.COMPONENTS, or {"ar"}: the baseline's steps
+    priced_ms: dict[str, float]  # decoder.core.timing.COMPONENTS, or {"ar"}: the baseline's steps
     measured_ms: dict[str, float]
 
 

@@ -17,19 +17,19 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder.artifact import Artifact
-from decoder.config import TreeConfig
-from decoder.construct import RoundBuilder
-from decoder.mid import MidDrafter
-from decoder.models import ModelPair
-from decoder.ngram import NgramDrafter
-from decoder.policies import BuildState, StepContext, schedule_bits
-from decoder.scheduler import LearnedScheduler
-from decoder.state import SIGNAL_NAMES, state_feature_names
-from decoder.tensors import crop_cache
-from decoder.timing import make_clock, zero_times
-from decoder.tree import DraftTree
-from decoder.verify import TargetVerifier
+from decoder.core.config import TreeConfig
+from decoder.core.construct import RoundBuilder
+from decoder.core.mid import MidDrafter
+from decoder.core.ngram import NgramDrafter
+from decoder.core.policies import BuildState, StepContext, schedule_bits
+from decoder.core.state import SIGNAL_NAMES, state_feature_names
+from decoder.core.tensors import crop_cache
+from decoder.core.timing import make_clock, zero_times
+from decoder.core.tree import DraftTree
+from decoder.core.verify import TargetVerifier
+from decoder.deploy.artifact import Artifact
+from decoder.deploy.scheduler import LearnedScheduler
+from decoder.models.pair import ModelPair
 
 STUDENT_SHAPE = (17, 64, 32, 1)
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from collectors.pricing.profiling import measure_profile
 from config.params import ProfileParams
-from decoder.config import TreeConfig
+from decoder.core.config import TreeConfig
 
 if TYPE_CHECKING:
-    from decoder.latency import LatencyProfile
-    from decoder.models import ModelPair
+    from decoder.deploy.latency import LatencyProfile
+    from decoder.models.pair import ModelPair
 
 
 def measure_with_settings(

@@ -17,13 +17,13 @@ a mid) is built by the decoder's RoundBuilder on that context. Timed, as the dec
 - mid end: MidDrafter.end_round after a call fed the largest fed count (KV kept for one path);
 - tree(n): DraftTree.prune on the first n nodes plus the n-gram score-row update of a round;
 - prompt block: one block of the prompt's top-m rows from its final hidden states (the output
-  head over ROW_BLOCK positions: decoder/verify.py PromptRows.block), which an n-gram step pays
+  head over ROW_BLOCK positions: decoder/core/verify.py PromptRows.block), which an n-gram step pays
   the first time it reads a prompt position of that block;
 - AR: AR_BURST greedy single-token target steps back to back, after AR_WARM untimed ones, per
   step. Timed one at a time after a random other component, a step found the caches cold and cost
   up to 1.5x what autoregressive decoding pays per token on the tiny zoo models (0.94-1.07 vs
   0.71-0.75 ms on zoo-m), which inflated every priced speedup of the cheap pairs.
-- cold-cache round terms (decoder.latency), each a job timed right after that untimed target
+- cold-cache round terms (decoder.deploy.latency), each a job timed right after that untimed target
   forward, less its warm figure (floored at 0): the verify of the pair's tree with a mid call of
   n tokens in between (n: `Grid.last_calls`; a larger call evicts more: zoo-s's 8-node verify cost
   0.84 / 0.89 / 1.02 ms after 1 / 16 / 100 tokens, 0.79 after a verify), less verify(pair's
@@ -39,7 +39,7 @@ verify, an AR burst) runs in every pass of the first repeat and in one pass of e
 zoo-l that halved a profile's time (37 s to 17 s a pass), its figures within the box's run-to-run
 spread of the same profile taken twice. Clock (`profile_clock`): on a CPU with one torch thread,
 the thread's CPU time (what the work costs, without the waits another process causes on a shared
-machine); on CUDA, CUDA events (decoder.timing.device_clock); otherwise decoder.timing.make_clock's
+machine); on CUDA, CUDA events (decoder.core.timing.device_clock); otherwise decoder.core.timing.make_clock's
 wall clock.
 """
 
@@ -70,13 +70,13 @@ from collectors.pricing.profile_rounds import (
     reference_context,
     student_like,
 )
-from decoder.config import TreeConfig
-from decoder.latency import DEFAULT_MID_FED, DEFAULT_MID_TOKENS, DEFAULT_SIZES, LatencyProfile
-from decoder.models import ModelPair
-from decoder.policies import BuildState, RuntimeContext, StepContext
-from decoder.tensors import causal_block, forward_block
-from decoder.timing import device_clock, make_clock
-from decoder.tree import DraftTree
+from decoder.core.config import TreeConfig
+from decoder.core.policies import BuildState, RuntimeContext, StepContext
+from decoder.core.tensors import causal_block, forward_block
+from decoder.core.timing import device_clock, make_clock
+from decoder.core.tree import DraftTree
+from decoder.deploy.latency import DEFAULT_MID_FED, DEFAULT_MID_TOKENS, DEFAULT_SIZES, LatencyProfile
+from decoder.models.pair import ModelPair
 
 log = logging.getLogger(__name__)
 AR_WARM, AR_BURST = 4, 8  # untimed, then timed consecutive AR steps per AR job
@@ -277,7 +277,7 @@ def ar_burst(ref: Reference, token: int, done: int, n: int) -> int:
 def profile_clock(device: torch.device) -> tuple[Callable[[], float], str]:
     """This thread's CPU time on a CPU with one torch thread: all the work runs in this thread, so
     time the core spends on other processes is not counted (a shared machine's contention does not
-    move the profile). On CUDA, CUDA events (decoder.timing.device_clock): the GPU's own timing of
+    move the profile). On CUDA, CUDA events (decoder.core.timing.device_clock): the GPU's own timing of
     the work between two readings. Otherwise the decoder's wall clock."""
     if device.type == "cpu" and torch.get_num_threads() == 1:
         return time.thread_time, "thread_cpu"
