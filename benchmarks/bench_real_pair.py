@@ -85,7 +85,7 @@ COMPARE = re.compile(r"(?P<policy>[\w-]+)@(?P<shape>\d+x\d+(?:/n\d+)?):(?P<budge
 
 def parse_shape(key: str) -> tuple[int, int, int]:
     """(width, topk, ngram_min_n) of a budget-stage shape key "WxM" or "WxM/nN" (the inverse of
-    pipeline.budget.shape_key)."""
+    collectors.pricing.budget_plan.shape_key)."""
     dims, _, min_n = key.partition("/n")
     w, m = (int(x) for x in dims.split("x"))
     return w, m, int(min_n or 1)

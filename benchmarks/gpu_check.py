@@ -11,7 +11,8 @@ the TDES edge scorer of artifacts/fit_edges; without one, DDTree's row again, no
   measured time where a latency profile of this device exists (the re-profile below, or
   artifacts/profile/<pair>.json taken on a device of the same name);
 - a re-profile of the first pair on this device (collectors.pricing.profiling, CUDA events on a GPU) and
-  the budget stage's tree-shape and budget choice for it from that profile (pipeline.budget.choose).
+  the budget stage's tree-shape and budget choice for it from that profile
+  (collectors.pricing.budget_entry.choose).
 Writes ``gpu_check.json`` and ``gpu_check.md`` under --out (default $OUT, else artifacts/gpu_check).
 Exit status 1 when any float32 row is not lossless, 2 on bad arguments.
 """
@@ -40,6 +41,8 @@ from benchmarks.gpu_check_parts import (
     zoo_params,
 )
 from collectors.collect.plan import tree_config
+from collectors.pricing.budget_entry import choose
+from collectors.pricing.budget_plan import shape_key, tree_shapes
 from collectors.pricing.budget_sweep import sweep_pair
 from collectors.pricing.profile_passes import save_profile
 from collectors.pricing.profiling import device_name, measure_profile
@@ -52,7 +55,6 @@ from decoder.generate import generate
 from decoder.graft.drafter import load_block_drafter
 from decoder.graft.edge_scorer import EdgeScorerError, load_edge_scorer
 from decoder.models.pair import ModelPair, load_pair
-from pipeline.budget import choose, shape_key, tree_shapes
 
 log = logging.getLogger("gpu_check")
 DTYPES = ("float32", "bfloat16")
@@ -211,7 +213,8 @@ def _budget_choice(
     params: Params, pair_id: str, device: str, profile: LatencyProfile, tree: TreeConfig, sizes: Sizes
 ) -> dict[str, Any]:
     """The budget stage's pick for the pair from this device's profile: per tree shape the sweep of
-    every budget (pipeline.budget.choose), then the best-priced shape, as pipeline.budget does."""
+    every budget (collectors.pricing.budget_entry.choose), then the best-priced shape, as the budget
+    stage does."""
     target, mid = params.pair_paths(pair_id)
     pair = load_pair(target, mid, "float32", device, params.pairs[pair_id].linear)
     prompts = check_prompts(params, pair_id, pair.tokenizer, sizes.budget_prompts, sizes.prompt_tokens)

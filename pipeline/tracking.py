@@ -21,8 +21,8 @@ Plots go through :func:`log_figure` (matplotlib, Agg backend). Metrics files are
 
 The store is ``MLFLOW_TRACKING_URI`` when that is set, else the local SQLite file. The experiment is
 tagged as a model-training one, so the UI opens on its runs. Closing a parent run logs a short
-headline beside the copied metrics (``headline/...``: deployed gain, pricing agreement, GRAFT
-against DDTree's best budget in hindsight, minutes per stage).
+headline beside the copied metrics (``headline/...``, picked by pipeline/headline.py: deployed gain,
+pricing agreement, GRAFT against DDTree's best budget in hindsight, minutes per stage).
 
 CLI: ``python -m pipeline.tracking {start,end,ui}``; ``ui`` serves the MLflow UI on 127.0.0.1 (one
 worker, no job execution) and prints links to the experiment's runs, to the two newest pipeline
@@ -37,7 +37,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from config.params import ROOT, MlflowParams, Params, load_params, resolve
+from pipeline.headline import headline_metrics
 from pipeline.provenance import (
     GitState,
     data_hash,
@@ -73,16 +73,6 @@ UNTRACKED = ("mlflow",)  # where runs are written: not part of what a pipeline r
 TRACKING_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own variable: a user's server or store wins
 # The UI opens a model-training experiment on its runs, not on the GenAI overview ("Traces 0").
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-# The parent run's short headline, beside the hundreds of per-stage metrics copied onto it:
-# (headline name, pattern over the copied ``<stage>/<metric>`` names).
-HEADLINE = (
-    ("deployed_gain_fitting_mean", r"evaluate/deployed\.priced_speedup\.fitting\.student_gain_mean"),
-    ("deployed_gain_fitting_worst", r"evaluate/deployed\.priced_speedup\.fitting\.student_gain_worst"),
-    ("pricing_ci_within_share", r"wall_check/summary\.stage\.ci_within_share"),
-    ("graft_full_speedup", r"evaluate_graft/mean_speedup\.full"),
-    ("graft_hindsight_speedup", r"evaluate_graft/mean_speedup\.hindsight"),
-    ("graft_full_at_least_hindsight", r"evaluate_graft/full_graft_at_least_hindsight"),
-)
 
 
 def tracking_uri(p: MlflowParams) -> str:
@@ -328,21 +318,6 @@ def end_pipeline(params: Params, run_id: str, returncode: int) -> bool:
     log_headline(client, run_id)
     client.set_terminated(run_id, "FINISHED" if returncode == 0 else "FAILED")
     return True
-
-
-def headline_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The parent run's headline from its copied stage metrics: HEADLINE's figures where present,
-    each stage's minutes and the pipeline's (the sum of the stages that ran)."""
-    out = {}
-    for name, pattern in HEADLINE:
-        found = [v for k, v in metrics.items() if re.fullmatch(pattern, k)]
-        if found:
-            out[f"headline/{name}"] = found[0]
-    minutes = {k.split("/")[0]: v / 60 for k, v in metrics.items() if k.endswith("/stage_seconds")}
-    out.update({f"headline/minutes.{stage}": m for stage, m in minutes.items()})
-    if minutes:
-        out["headline/minutes.pipeline"] = sum(minutes.values())
-    return out
 
 
 def log_headline(client: Any, run_id: str) -> None:

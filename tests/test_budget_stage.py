@@ -20,7 +20,9 @@ from collectors.collect.plan import (
     tree_config,
 )
 from collectors.collect.replay import Replayer
+from collectors.pricing.budget_entry import choose
 from collectors.pricing.budget_file import BudgetFileError, load_budgets, pair_budget, pair_round_budget
+from collectors.pricing.budget_plan import budget_specs
 from collectors.pricing.budget_sweep import fixed_policies, sweep_pair
 from config.params import Params, load_params
 from decoder.core.config import DecodeConfig
@@ -91,7 +93,7 @@ def test_the_chosen_budget_prices_at_least_as_fast_as_plain_replay_at_other_budg
     params, entries = measured
     entry, b_max = entries["tiny"], params.tree.budget
     pair = load_registered_pair(params, "tiny")
-    (spec,) = budget.budget_specs(params, "tiny")
+    (spec,) = budget_specs(params, "tiny")
     (prompt,) = report_questions(params, spec, pair.tokenizer)[1]
     at_chosen = plain_speedup(params, prompt, entry["budget"], pair_round_budget(params, "tiny"))
     at_max = plain_speedup(params, prompt, b_max)
@@ -111,13 +113,13 @@ def test_a_pair_that_no_budget_speeds_up_decodes_with_ar(measured) -> None:
     assert entry["decode_policy"] == (entry["policy"] if entry["speedup_at_budget"] >= 1.0 else "ar")
     pair = load_registered_pair(params, "tiny")
     profile = profile_for(params, "tiny")
-    (spec,) = budget.budget_specs(params, "tiny")
+    (spec,) = budget_specs(params, "tiny")
     prompts = report_questions(params, spec, pair.tokenizer)[1]
     picks = {}
     for name, factor in (("dear", 0.01), ("cheap", 100.0)):
         priced = replace(profile, ar_token_ms=profile.ar_token_ms * factor)
         sweeps = sweep_pair(pair, priced, prompts, tree_config(params.tree), params.budget.max_new_tokens)
-        picks[name] = budget.choose(sweeps, priced, len(prompts))
+        picks[name] = choose(sweeps, priced, len(prompts))
     assert picks["dear"]["speedup_at_budget"] < 1.0 and picks["dear"]["decode_policy"] == "ar"
     assert picks["cheap"]["speedup_at_budget"] > 1.0
     assert picks["cheap"]["decode_policy"] == picks["cheap"]["policy"] in {"all-small", "all-mid"}
@@ -140,7 +142,7 @@ def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace
         entry["budget"], entry["width"], entry["topk"], entry["ngram_min_n"]
     )  # fmt: skip
     pair = load_registered_pair(params, "tiny")
-    (spec,) = budget.budget_specs(params, "tiny")
+    (spec,) = budget_specs(params, "tiny")
     (prompt,) = report_questions(params, spec, pair.tokenizer)[1]
     narrow = replace(
         params,
@@ -207,17 +209,17 @@ def test_a_per_round_rule_is_chosen_only_where_it_prices_faster_and_reaches_the_
     profile = profile_for(params, "tiny")
     stepped = replace(profile, verify_points=((1, profile.ar_token_ms), (2, 2 * profile.ar_token_ms),
                                               (64, 2 * profile.ar_token_ms)))  # fmt: skip
-    (spec,) = budget.budget_specs(params, "tiny")
+    (spec,) = budget_specs(params, "tiny")
     prompts = report_questions(params, spec, pair.tokenizer)[1]
     sweeps = sweep_pair(pair, stepped, prompts, tree_config(params.tree), params.budget.max_new_tokens)
-    entry = budget.choose(sweeps, stepped, len(prompts), (0.5, 1.0, 2.0), 0.0)
+    entry = choose(sweeps, stepped, len(prompts), (0.5, 1.0, 2.0), 0.0)
     tried = entry["round_rule_tried"]
     assert tried["speedup"] > 0 and tried["cap"] in {sweeps[tried["policy"]].best(), params.tree.budget}
     if entry["round_budget"] is None:
         assert tried["speedup"] < entry["speedup_fixed_budget"]
     else:
         assert entry["speedup_at_budget"] == tried["speedup"] >= entry["speedup_fixed_budget"]
-    strict = budget.choose(sweeps, stepped, len(prompts), (0.5, 1.0, 2.0), 10.0)  # never 11x faster
+    strict = choose(sweeps, stepped, len(prompts), (0.5, 1.0, 2.0), 10.0)  # never 11x faster
     assert strict["round_budget"] is None and strict["budget"] == max(
         sweeps[strict["policy"]].budgets, key=lambda b: (sweeps[strict["policy"]].speedup(b), -b)
     )

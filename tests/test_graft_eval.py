@@ -20,6 +20,7 @@ from collectors.collect.batch_greedy import greedy_batch
 from collectors.collect.plan import load_registered_pair, report_questions
 from collectors.collect.report import prompt_digest
 from collectors.evaluation.priced_eval import PricedCell, prompts_digest
+from collectors.graft import outputs as graft_outputs
 from collectors.graft.budget import (
     ChoiceWalks,
     arm_totals,
@@ -30,6 +31,7 @@ from collectors.graft.budget import (
 )
 from collectors.graft.costs import GraftCosts, measure_costs
 from collectors.graft.edges import RecordingProposer, tree_match
+from collectors.graft.outputs import collected_outputs, stored_outputs
 from collectors.graft.walk import BudgetWalker, Round, decode_arm, lossless_gate
 from collectors.pricing.profile_passes import save_profile
 from config.params import Params
@@ -41,6 +43,7 @@ from decoder.graft.drafter import BlockDrafter, BlockDrafterConfig, BlockDrafter
 from decoder.graft.edge_scorer import EdgeScorer, load_edge_scorer
 from decoder.graft.proposers import CausalLMProposer
 from decoder.models.pair import make_pair
+from models.budget_choice import choose_budgets
 from pipeline import collect_edges, evaluate_graft, fit_edges
 from pipeline.cli import stage_params
 
@@ -296,7 +299,7 @@ def test_the_stage_runs_on_a_tiny_workspace(workspace) -> None:  # noqa: F811
 
 
 def choose_on_workspace(root: Path, params: Params, collected: dict | None = None) -> tuple[dict, dict, dict]:
-    """evaluate_graft.choose_budgets on the tiny workspace (TDES fitted first where it is not yet),
+    """models.budget_choice.choose_budgets on the tiny workspace (TDES fitted first where it is not yet),
     priced by a verification cost that grows with the tree, so neither the largest nor the smallest
     B wins by default; ``collected``: the collect stage's continuations, as it reads them."""
     if not (root / "fit" / "scorers" / "tiny").exists():
@@ -307,7 +310,7 @@ def choose_on_workspace(root: Path, params: Params, collected: dict | None = Non
     scorer, _ = load_edge_scorer(root / "fit" / "scorers" / "tiny", vocab_size=pair.vocab_size,
                                  k=drafter.k)  # fmt: skip
     costs = priced_costs(((1, 1.0), (8, 1.5), (21, 4.0)))
-    return evaluate_graft.choose_budgets(params, pair, "tiny", drafter, scorer, costs, collected)
+    return choose_budgets(params, pair, "tiny", drafter, scorer, costs, collected)
 
 
 def test_the_learned_budget_never_reads_the_held_back_prompts(workspace) -> None:  # noqa: F811
@@ -356,14 +359,14 @@ def test_stored_continuations_give_the_outputs_cut_at_the_first_eos(workspace) -
                       prompts_digest(prompts))  # fmt: skip
     parts = {("tiny", "code"): part}
     # 4 tokens, or up to and with the first EOS (0); nothing for another cell or other prompts
-    assert evaluate_graft.stored_outputs(params, parts, ("tiny", "code"), prompts, [0]) == [
+    assert stored_outputs(params, parts, ("tiny", "code"), prompts, [0]) == [
         [1, 2, 3, 4],
         [1, 0],
     ]
-    assert evaluate_graft.stored_outputs(params, parts, ("tiny", "chat"), prompts, [0]) is None
-    assert evaluate_graft.stored_outputs(params, parts, ("tiny", "code"), prompts[:1], [0]) is None
+    assert stored_outputs(params, parts, ("tiny", "chat"), prompts, [0]) is None
+    assert stored_outputs(params, parts, ("tiny", "code"), prompts[:1], [0]) is None
     short = {("tiny", "code"): replace(part, continuations=(((1, 2), 2), ((3, 4), 2)))}
-    assert evaluate_graft.stored_outputs(params, short, ("tiny", "code"), prompts, [0]) is None
+    assert stored_outputs(params, short, ("tiny", "code"), prompts, [0]) is None
 
 
 def test_collected_continuations_give_the_outputs_cut_at_the_first_eos(workspace) -> None:  # noqa: F811
@@ -373,7 +376,7 @@ def test_collected_continuations_give_the_outputs_cut_at_the_first_eos(workspace
         ("tiny", prompt_digest(p)): g
         for p, g in zip(prompts, ([1, 2, 3, 4, 5, 6], [1, 0, 3, 0, 9]), strict=True)
     }
-    outputs = evaluate_graft.collected_outputs
+    outputs = collected_outputs
     assert outputs(params, collected, "tiny", prompts, [0]) == [[1, 2, 3, 4], [1, 0]]
     # another pair's, a prompt it lacks, or one too short: nothing (the stage then decodes them)
     assert outputs(params, collected, "other", prompts, [0]) is None
@@ -405,7 +408,7 @@ def test_the_budget_choice_reads_collected_continuations_and_gates_them(workspac
     def no_batch(*args, **kwargs):
         raise AssertionError("the budget choice decoded a batch it had stored")
 
-    monkeypatch.setattr(evaluate_graft, "greedy_batch", no_batch)
+    monkeypatch.setattr(graft_outputs, "greedy_batch", no_batch)
     got = choose_on_workspace(workspace, params, collected)
     assert got[0]["datasets_from_collected_continuations"] == 2
 

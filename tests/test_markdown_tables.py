@@ -6,11 +6,11 @@ from __future__ import annotations
 from markdown_rows import md_tables
 
 from collectors.graft.table import ROWS, markdown, markdown_wall
+from collectors.pricing.budget_report import markdown as budget_markdown
 from models.distill_markdown import offline_markdown
 from models.distill_metrics import LABELS
 from models.gate import backoff_key
 from models.offline import PolicyResult
-from pipeline.budget import markdown as budget_markdown
 
 
 def _graft_row(speedup: float, budget: int) -> dict:

@@ -164,8 +164,8 @@ def test_the_parent_runs_headline_reads_the_names_evaluate_and_wall_check_write(
     """The headline patterns match what the stages log (flattened, as pipeline.tracking.log_metrics
     does, and prefixed with the stage, as a parent run holds them)."""
     from collectors.evaluation.eval_report import summary_metrics
+    from pipeline.headline import headline_metrics
     from pipeline.provenance import flatten
-    from pipeline.tracking import headline_metrics
 
     def row(method: str, priced: float) -> dict:
         return {"pair_id": "a", "dataset_id": "x", "method": method, "priced_speedup": priced,

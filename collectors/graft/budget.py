@@ -22,20 +22,27 @@ Contract:
   :func:`left_out_speedups` prices every collect prompt at the arm chosen without it, on the other
   prompts of its own task and on all other prompts: the out-of-fold comparison that decides whether
   a pair's budget is chosen per task or once for all tasks.
+- :func:`walk_choice_groups` walks every prompt of :func:`choice_specs`, its output taken from the
+  collect stage's continuations where they hold every prompt of a dataset
+  (collectors/graft/outputs.py), else decoded in a batch; :func:`per_task_choice` gives each
+  fitting task its best arm and says, by :func:`left_out_speedups`, whether per task is used.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from tqdm import tqdm
 
 from collectors.collect.batch_greedy import NOT_GREEDY
+from collectors.collect.plan import report_questions
 from collectors.collect.report import ReportSpec
 from collectors.graft.costs import GraftCosts
+from collectors.graft.outputs import collected_outputs, greedy_outputs
 from collectors.graft.walk import ArmRun, BudgetWalker, Round, decode_arm, gate_check, lossless_gate
 from config.params import Params
 from decoder.core.config import BlockBudgetRule
@@ -217,3 +224,62 @@ def left_out_speedups(tasks: dict[str, np.ndarray], ar_token_ms: float) -> tuple
                 got[key] += pool[at, best_arm(np.delete(pool, at, axis=0))]
         offset += len(prompts)
     return tuple(float(t * ar_token_ms / ms) for t, ms in (got["task"], got["pooled"]))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ChoicePrompts:
+    """The budget choice's walked collect prompts: one group per fitting dataset, in spec order."""
+
+    specs: list[ReportSpec]
+    groups: list[list[ChoiceWalks]]
+    reused: int  # datasets whose outputs came from the collect stage's continuations, not a batch
+
+    @property
+    def by_task(self) -> dict[str, list[ChoiceWalks]]:
+        return {s.dataset_id: g for s, g in zip(self.specs, self.groups, strict=True)}
+
+
+def walk_choice_groups(
+    params: Params,
+    pair: ModelPair,
+    pair_id: str,
+    proposer: BlockProposer,
+    scorer: EdgeScorer,
+    collected: Mapping[tuple[str, str], Sequence[int]] | None = None,
+) -> ChoicePrompts:
+    """Every choice prompt of the pair walked (:func:`walk_choice_prompt`), by fitting dataset.
+    ``collected``: the collect stage's continuations (collectors.collect.report.read_continuations)."""
+    cfg, edges = params.graft_eval, params.edges
+    groups, reused = [], 0
+    specs = choice_specs(params, pair_id)
+    for spec in tqdm(specs, desc=f"evaluate_graft {pair_id} (budget choice)", unit="dataset"):
+        prompts = report_questions(params, spec, pair.tokenizer)[1]
+        known = collected_outputs(params, collected or {}, pair_id, prompts, pair.eos_token_ids)
+        reused += known is not None
+        outputs = greedy_outputs(pair, prompts, cfg.max_new_tokens, known)
+        groups.append([walk_choice_prompt(pair, proposer, scorer, prompt, edges.budget, cfg.budget_max,
+                                          edges.topk, cfg.max_new_tokens, output)
+                       for prompt, output in zip(prompts, outputs, strict=True)])  # fmt: skip
+    return ChoicePrompts(specs, groups, reused)
+
+
+def per_task_choice(
+    tasks: Mapping[str, Sequence[ChoiceWalks]],
+    costs: GraftCosts,
+    rules: Sequence[BlockBudgetRule | None],
+    b_max: int,
+) -> tuple[dict, dict[str, Arm]]:
+    """(summary, each task's best arm of :func:`choice_arms`). The summary holds each task's arm and
+    ``use``: whether, leaving each prompt out in turn, the per-task arms price faster than the pooled
+    ones (:func:`left_out_speedups`; needs >= 2 tasks of >= 2 prompts, else False)."""
+    arms = choice_arms(b_max, rules)
+    totals = {task: np.stack([arm_totals(w, costs, arms) for w in g]) for task, g in tasks.items()}
+    task_arms = {task: arms[best_arm(t)] for task, t in totals.items()}
+    summary = {
+        t: {"budget": b, "tdes": tdes, "rule": rule is not None} for t, (b, tdes, rule) in task_arms.items()
+    }
+    out: dict = {"arms": summary, "use": False}
+    if len(totals) >= 2 and min(len(t) for t in totals.values()) >= 2:
+        by_task, pooled = left_out_speedups(totals, costs.ar_token_ms)
+        out.update(left_out_speedup=by_task, left_out_speedup_pooled=pooled, use=by_task > pooled)
+    return out, task_arms
