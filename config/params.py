@@ -475,6 +475,9 @@ class RuntimeParams:
 
     torch_threads: int = rule(ge=1)  # 1 keeps timings stable on a shared 2-core machine
     keep_freed_memory: bool  # glibc keeps freed memory (decoder/models/memory.py): no page faults in rounds
+    # replay: 0 grows one round start at a time; n > 0 every start of a prompt together, the mid
+    # calls of one step in forwards of at most n rows (collectors/collect/grow.py)
+    replay_batch_rows: int
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ def measure_pair(params: Params, pair_id: str) -> dict:
         p for spec in budget_specs(params, pair_id) for p in report_questions(params, spec, pair.tokenizer)[1]
     ]
     tree = tree_config(params.tree)
-    return measure_shapes(pair_id, pair, profile, prompts, tree, tree_shapes(params), params.budget)
+    shapes, rows = tree_shapes(params), params.runtime.replay_batch_rows
+    return measure_shapes(pair_id, pair, profile, prompts, tree, shapes, params.budget, rows)
 
 
 def write_curves(path: Path, rows: list[dict]) -> None:

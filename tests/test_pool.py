@@ -117,14 +117,18 @@ def test_priced_cells_equal_with_two_workers_and_cell_by_cell(workspace, monkeyp
     local = priced_cells(one, CELLS, POLICIES, FIXED_METHODS, progress.append)
     assert progress == [4, 4]  # one group of two 2-prompt cells per dataset
     assert len(calls) == len(set(calls)) == 4  # g once per (target, prompt): the w pair reuses it
+
     # the old path: each cell alone with a plain Replayer, nothing shared or reused
-    plain = lambda pair, config, schedules, memo, profile: Replayer(pair, config, schedules, 0)  # noqa: E731
+    def plain(pair, config, schedules, memo, profile, batch_rows):
+        return Replayer(pair, config, schedules, 0, batch_rows=batch_rows)
+
     monkeypatch.setattr(priced_eval, "MemoReplayer", plain)
     for cell in CELLS:
         pair = load_registered_pair(one, cell[0])
         _, prompts, profile, runtime = cell_inputs(one, *cell, pair, 2)
         config = decode_config(one, cell[0])
-        alone = priced_cell(pair, prompts, config, profile, runtime, POLICIES, FIXED_METHODS)
+        rows = one.runtime.replay_batch_rows
+        alone = priced_cell(pair, prompts, config, profile, runtime, POLICIES, FIXED_METHODS, batch_rows=rows)
         for got in (local[cell], pooled[cell]):
             _same(got, alone)
             assert priced_rows(got, 200) == priced_rows(alone, 200)

@@ -197,8 +197,8 @@ def run_report(
     cfg = params.collect
     config = DecodeConfig(cfg.max_new_tokens, 0.0, cfg.seed, pair_tree(params, spec.pair_id))
     profile = profile_for(params, spec.pair_id)
-    stride = params.collect.round_table_stride
-    tables = collect_report(spec, pair, prompts, profile, config, params.collect.mode, progress, stride)
+    stride, rows = params.collect.round_table_stride, params.runtime.replay_batch_rows
+    tables = collect_report(spec, pair, prompts, profile, config, params.collect.mode, progress, stride, rows)
     return write_report(reports_dir, spec, tables, params.tree.depth, inputs)
 
 

@@ -24,11 +24,12 @@ replays alone (tests/test_policy_replay.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from collectors.collect.branch import Branch, read_log
 from collectors.collect.branch_mid import BranchMid, batch_rescore, committed_kv
 from collectors.collect.records import RoundRecord
-from collectors.collect.replay import Branch, Replayer, ReplayInputs, read_log
+from collectors.collect.replay import Replayer, ReplayInputs
 from collectors.collect.trajectory import Walk
 from decoder.core.construct import RoundBuilder
 from decoder.core.mid import TreeScores
@@ -63,11 +64,23 @@ class StepMemo(dict[StepKey, Branch]):
     def keep(self, key: StepKey, b: Branch) -> None:
         self[key] = _copy(b)
 
+    def fill(self, replayer: Replayer, inputs: ReplayInputs) -> dict[int, list[Branch]]:
+        """Batched replay: every schedule's branch after every step at every round start of the
+        prompt, grown together (Replayer.grow_all), so that no policy replayed on it runs a mid
+        forward of its own. The grown branches are never changed afterwards, so they are kept as
+        they are; :meth:`take` hands out copies. Returns the branches after the last step (the
+        all-schedules replay's, Replayer.replay_prompt ``grown``)."""
+
+        def keep(start: int, b: Branch) -> None:
+            self[(start, b.bits)] = b
+
+        return replayer.grow_all(inputs, keep=keep)
+
 
 def _copy(b: Branch) -> Branch:
     """A branch whose tree, node sets and mid bookkeeping are its own (row stores and KV tensors are
     shared: they are replaced, never written in place); ``pending`` is kept as it was."""
-    mid = BranchMid(b.mid.scores.copy(), b.mid.kv, b.mid.pending)
+    mid = replace(b.mid, scores=b.mid.scores.copy())
     return Branch(b.bits, b.state.copy(), mid, b.calls, b.signals, b.blocks)
 
 
@@ -116,6 +129,8 @@ def replay_policy(
                 continue
             if use_mid:
                 if inputs.mid_kv is None:
+                    if inputs.forest is not None:
+                        raise RuntimeError(f"batched replay: the StepMemo lacks {key} (StepMemo.fill first)")
                     raise ValueError("the policy calls the mid drafter but the pair has none")
                 context = committed_kv(inputs.mid_kv, start - 1)
                 batch_rescore(pair.mid, pair.vocab_size, context, start - 1, [(b.state.tree, b.mid)])

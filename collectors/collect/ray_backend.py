@@ -107,8 +107,11 @@ class PairWorker:
         decode: DecodeConfig,
         mode: str,
         round_table_stride: int,
+        batch_rows: int,
     ) -> ReportTables:
-        return collect_report(spec, self.pair, prompts, profile, decode, mode, False, round_table_stride)
+        return collect_report(
+            spec, self.pair, prompts, profile, decode, mode, False, round_table_stride, batch_rows
+        )
 
 
 def connect(cfg: RayParams, address: str | None = None) -> bool:
@@ -278,7 +281,15 @@ def _collect_all(
         decode = DecodeConfig(cfg.max_new_tokens, 0.0, cfg.seed, pair_tree(params, pair_id))
         for spec in pair_specs:
             prompts = report_prompts(params, spec, tokenizer)
-            call = actor.collect.remote(spec, prompts, profile, decode, cfg.mode, cfg.round_table_stride)
+            call = actor.collect.remote(
+                spec,
+                prompts,
+                profile,
+                decode,
+                cfg.mode,
+                cfg.round_table_stride,
+                params.runtime.replay_batch_rows,
+            )
             pending[call] = spec
     left = {pair_id: len(s) for pair_id, s in by_pair.items()}
     done: list[Path] = []

@@ -36,7 +36,10 @@ from dataclasses import dataclass, replace
 from transformers import DynamicCache
 
 from collectors.collect.batch_greedy import NOT_GREEDY, GreedyCheck, greedy_batch
-from collectors.collect.branch_mid import KV, BranchMid, committed_kv
+from collectors.collect.branch import Branch, ReadLog, read_log
+from collectors.collect.branch_mid import KV, committed_kv
+from collectors.collect.forest import MidForest
+from collectors.collect.grow import fork_starts, grow_starts
 from collectors.collect.trajectory import (
     BranchOutcome,
     PromptReplay,
@@ -50,38 +53,16 @@ from decoder.core.budget import verify_budget
 from decoder.core.config import DecodeConfig, TreeConfig
 from decoder.core.construct import RoundBuilder
 from decoder.core.mid import TreeScores
-from decoder.core.ngram import NgramDrafter, TargetLogpCache
+from decoder.core.ngram import NgramDrafter
 from decoder.core.outcome import first_round_start
-from decoder.core.policies import BuildState
 from decoder.core.state import step_signals
-from decoder.core.tensors import ROW_BLOCK, causal_block, forward_block
+from decoder.core.tensors import causal_block, forward_block
 from decoder.core.verify import TargetVerifier, top_logps
 from decoder.deploy.latency import LatencyProfile
 from decoder.generate import generate
 from decoder.models.pair import ModelPair
 
 log = logging.getLogger(__name__)
-
-
-class ReadLog(TargetLogpCache):
-    """A score cache holding every row up front that logs the blocks of the prompt's rows read
-    (position // ROW_BLOCK, positions before `prompt_len`): where decoding would compute them."""
-
-    def __init__(self, prompt_len: int) -> None:
-        super().__init__()
-        self.prompt_len = prompt_len
-        self._read: set[int] = set()
-
-    def logp(self, position: int, token: int) -> float:
-        if position < self.prompt_len:
-            self._read.add(position // ROW_BLOCK)
-        return super().logp(position, token)
-
-    def take(self) -> frozenset[int]:
-        """The blocks read since the last take."""
-        out = frozenset(self._read)
-        self._read.clear()
-        return out
 
 
 @dataclass(frozen=True)
@@ -91,7 +72,8 @@ class ReplayInputs:
     prompt: list[int]
     text: list[int]  # prompt + greedy continuation (with the deepest tree's margin)
     limit: int  # tokens to emit (max_new_tokens, or up to the first EOS)
-    mid_kv: DynamicCache | None
+    mid_kv: DynamicCache | None  # one start at a time: the mid drafter's KV of the text
+    forest: MidForest | None = None  # batched: every start's mid rows (collectors/collect/forest.py)
 
     @property
     def round_tokens(self) -> int:
@@ -129,17 +111,22 @@ class Replayer:
         schedules: list[tuple[bool, ...]],
         round_table_stride: int = 1,
         profile: LatencyProfile | None = None,
+        batch_rows: int = 0,
     ) -> None:
         """round_table_stride: every k-th visited start of a prompt gets all schedules (the round
         table); the others only grow the schedule prefixes whose trajectories pass through them.
         profile: the pair's latency profile, read only to choose how g is decoded
-        (:func:`continuation_decoding`)."""
+        (:func:`continuation_decoding`). batch_rows: 0 grows one round start at a time (one mid
+        forward per start and step); n > 0 grows every start of a prompt together, its mid calls
+        in forwards of at most n rows (collectors/collect/grow.py)."""
         if config.temperature != 0:
             raise ValueError("replay mode needs temperature 0 (greedy acceptance)")
         if round_table_stride < 0:
             raise ValueError(f"round_table_stride must be >= 0, got {round_table_stride}")
+        if batch_rows < 0:
+            raise ValueError(f"batch_rows must be >= 0, got {batch_rows}")
         self.pair, self.config, self.schedules = pair, config, schedules
-        self.stride = round_table_stride
+        self.stride, self.batch_rows = round_table_stride, batch_rows
         self.index = {bits: i for i, bits in enumerate(schedules)}
         self.depth = config.tree.depth
         self.g_decoding = continuation_decoding(pair, profile, config.tree)
@@ -188,22 +175,71 @@ class Replayer:
         return g, limit or self.config.max_new_tokens
 
     def inputs(self, prompt: list[int]) -> ReplayInputs:
-        """The continuation g, its stop and the mid drafter's KV: computed once, shared by replays."""
+        """The continuation g, its stop and the mid drafter's KV (batched: its forest): computed
+        once, shared by replays."""
         g, limit = self.continuation(prompt)
         text = prompt + g
-        return ReplayInputs(
-            list(prompt), text, limit, self.mid_kv_of(text) if self.pair.mid is not None else None
-        )
+        mid = self.pair.mid
+        if self.batch_rows and mid is not None:
+            forest = MidForest(mid, self.pair.vocab_size, text, len(prompt), self.batch_rows)
+            return ReplayInputs(list(prompt), text, limit, None, forest)
+        return ReplayInputs(list(prompt), text, limit, self.mid_kv_of(text) if mid is not None else None)
 
-    def replay_prompt(self, prompt: list[int], inputs: ReplayInputs | None = None) -> PromptReplay:
+    def has_mid(self, inputs: ReplayInputs) -> bool:
+        return inputs.mid_kv is not None or inputs.forest is not None
+
+    def grow_all(
+        self, inputs: ReplayInputs, prefixes: set[tuple[bool, ...]] | None = None, keep=None
+    ) -> dict[int, list[Branch]]:
+        """Batched: at every round start a trajectory of the prompt can reach, the branches of every
+        schedule (or of the schedules whose prefixes are ``prefixes``) after the last step
+        (collectors/collect/grow.py; ``keep`` sees every branch after every step)."""
+        prompt, text = inputs.prompt, inputs.text
+        p0 = first_round_start(prompt)
+        ngram = self.ngram_with_rows(prompt, text)
+        ngram.commit(prompt)
+        builders = fork_starts(self.config.tree, ngram, text, range(p0, p0 + inputs.round_tokens))
+        return grow_starts(self.config.tree, builders, inputs.forest, text, prefixes, keep)
+
+    def outcomes_of(
+        self, level: list[Branch], text: list[int], start: int, want: set[tuple[bool, ...]] | None = None
+    ) -> list[BranchOutcome | None]:
+        """The schedules' outcomes from their branches after the last step (None: not grown);
+        a ValueError names schedules in ``want`` (default: all) that did not grow."""
+        out: list[BranchOutcome | None] = [None] * len(self.schedules)
+        for b in level:
+            if b.bits in self.index:
+                out[self.index[b.bits]] = self.finish(b, text, start)
+        missing = [
+            bits for bits in (self.schedules if want is None else want) if out[self.index[bits]] is None
+        ]
+        if missing:
+            raise ValueError(f"schedules {missing[:3]} need a mid drafter but the pair has none")
+        return out
+
+    def replay_prompt(
+        self,
+        prompt: list[int],
+        inputs: ReplayInputs | None = None,
+        grown: dict[int, list[Branch]] | None = None,
+    ) -> PromptReplay:
+        """Every schedule's trajectory over the prompt, with the round table at every stride-th
+        visited start. ``grown``: batched, the branches :meth:`grow_all` grew for these inputs
+        (a policy replay's StepMemo.fill grows them too), taken instead of growing them again."""
         inputs = inputs or self.inputs(prompt)
         text, mid_kv = inputs.text, inputs.mid_kv
-        ngram = self.ngram_with_rows(prompt, text)
-        builder = RoundBuilder(self.config.tree, ngram, None, lambda: 0.0)
         p0 = first_round_start(prompt)
-        ngram.commit(prompt)
         starts: dict[int, list[BranchOutcome]] = {}
         left = inputs.round_tokens
+        table = None
+        if self.batch_rows and left > 0:
+            grown = grown if grown is not None else self.grow_all(inputs, self.prefixes())
+            table = {s: self.outcomes_of(level, text, s) for s, level in grown.items()}
+            del grown
+        else:
+            ngram = self.ngram_with_rows(prompt, text)
+            builder = RoundBuilder(self.config.tree, ngram, None, lambda: 0.0)
+            ngram.commit(prompt)
         at: dict[int, list[int]] = {p0: list(range(len(self.schedules)))} if left > 0 else {}
         state = {s: Walk() for s in range(len(self.schedules))}
         heap = [p0] if left > 0 else []
@@ -212,11 +248,14 @@ class Replayer:
         blocks: dict[int, frozenset[int]] = {}
         while heap:
             start = heapq.heappop(heap)
-            ngram.commit(text[len(ngram.index.tokens) : start])
-            context = committed_kv(mid_kv, start - 1) if mid_kv is not None else None
             full = self.stride > 0 and visited % self.stride == 0
-            needed = None if full else {self.schedules[s] for s in at[start]}
-            outcomes = self._all_schedules(builder, context, text, start, needed)
+            if table is not None:
+                outcomes = table[start]
+            else:
+                ngram.commit(text[len(ngram.index.tokens) : start])
+                context = committed_kv(mid_kv, start - 1) if mid_kv is not None else None
+                needed = None if full else {self.schedules[s] for s in at[start]}
+                outcomes = self._all_schedules(builder, context, text, start, needed)
             visited += 1
             if full:
                 starts[start] = outcomes  # type: ignore[assignment]
@@ -236,6 +275,12 @@ class Replayer:
             lags,
             blocks,
         )
+
+    def prefixes(self) -> set[tuple[bool, ...]] | None:
+        """Every prefix of the replayed schedules; None when they are all 2^D schedules."""
+        if len(set(self.schedules)) == 2**self.depth:
+            return None
+        return {b[:k] for b in self.schedules for k in range(len(b) + 1)}
 
     def ngram_with_rows(self, prompt: list[int], text: list[int]) -> NgramDrafter:
         """An n-gram drafter whose score cache holds the target's rows for every position and logs
@@ -281,9 +326,22 @@ class Replayer:
         start: int,
         needed: set[tuple[bool, ...]] | None = None,
     ) -> list[BranchOutcome | None]:
-        """Grow the schedules' trees level by level (all, or only the prefixes of `needed`);
-        the mid steps of one level share a forward of the paths new to the round's trie.
-        Schedules not grown get None."""
+        """The schedules' outcomes at one start (:meth:`grow_one_start`); schedules not grown get
+        None."""
+        level = self.grow_one_start(builder, context, text, start, needed)
+        return self.outcomes_of(level, text, start, needed)
+
+    def grow_one_start(
+        self,
+        builder: RoundBuilder,
+        context: KV | None,
+        text: list[int],
+        start: int,
+        needed: set[tuple[bool, ...]] | None = None,
+    ) -> list[Branch]:
+        """Grow the schedules' trees at one start level by level (all, or only the prefixes of
+        `needed`); the mid steps of one level share a forward of the paths new to the round's trie.
+        Returns the branches after the last step."""
         prefixes = None if needed is None else {b[:k] for b in needed for k in range(len(b) + 1)}
         committed = text[:start]
         width = self.config.tree.width
@@ -311,15 +369,7 @@ class Replayer:
                 calls = (*b.calls, rec.mid_tree_tokens)
                 nxt.append(Branch(b.bits, b.state, b.mid, calls, b.signals, b.blocks | log.take()))
             level = nxt
-        out: list[BranchOutcome | None] = [None] * len(self.schedules)
-        for b in level:
-            if b.bits in self.index:
-                out[self.index[b.bits]] = self.finish(b, text, start)
-        want = self.schedules if needed is None else needed
-        missing = [bits for bits in want if out[self.index[bits]] is None]
-        if missing:
-            raise ValueError(f"schedules {missing[:3]} need a mid drafter but the pair has none")
-        return out
+        return level
 
     def finish(self, b: Branch, text: list[int], start: int) -> BranchOutcome:
         pruned = b.state.tree.prune(verify_budget(b.state.tree, self.config.tree))
@@ -357,31 +407,3 @@ def drafter_rows(ngram: NgramDrafter, text: Sequence[int]) -> TargetRows:
     if len(entries) != len(text) - 1 or any(e is None for e in entries):
         raise RuntimeError("the replay's n-gram drafter lacks a row of the text")
     return tuple(tuple(e) for e in entries), tuple(tuple(e.values()) for e in entries)  # type: ignore[union-attr]
-
-
-def read_log(builder: RoundBuilder) -> ReadLog:
-    """The builder's n-gram score cache, which replay makes a ReadLog (Replayer.ngram_with_rows)."""
-    log = builder.ngram.cache
-    if not isinstance(log, ReadLog):
-        raise TypeError("replay's n-gram drafter must come from Replayer.ngram_with_rows (a ReadLog cache)")
-    return log
-
-
-@dataclass(frozen=True)
-class Branch:
-    bits: tuple[bool, ...]
-    state: BuildState
-    mid: BranchMid
-    calls: tuple[int, ...]  # tree nodes forwarded per mid call so far
-    signals: tuple[tuple[float, ...], ...]
-    blocks: frozenset[int] = frozenset()  # blocks of the prompt's rows its small steps read so far
-
-    def mid_fed(self, accepted: Sequence[int]) -> int:
-        """How many leading ``accepted`` tree nodes the mid drafter fed (it keeps their KV); -1
-        when it was not called this round."""
-        if not self.calls:
-            return -1
-        fed = 0
-        while fed < len(accepted) and accepted[fed] in self.mid.scores.row:
-            fed += 1
-        return fed

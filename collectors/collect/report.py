@@ -102,9 +102,10 @@ def collect_report(
     mode: str,
     progress: bool = True,
     round_table_stride: int = 1,
+    batch_rows: int = 0,
 ) -> ReportTables:
     """Run all 2^D schedules on the report's prompts and build its tables (in replay mode with each
-    prompt's greedy continuation g, which the replay computes anyway)."""
+    prompt's greedy continuation g, which the replay computes anyway; ``batch_rows``: Replayer's)."""
     if mode not in COLLECT_MODES:
         raise ValueError(f"mode must be one of {COLLECT_MODES}, got {mode!r}")
     depth = config.tree.depth
@@ -123,7 +124,7 @@ def collect_report(
         leave=False,
     )
     if mode == "replay":
-        replayer = Replayer(pair, config, schedules, round_table_stride, profile)
+        replayer = Replayer(pair, config, schedules, round_table_stride, profile, batch_rows)
         replayer.warm(prompts)
         for p_id, prompt in enumerate(prompts):
             inputs = replayer.inputs(prompt)

@@ -120,8 +120,9 @@ class MemoReplayer(Replayer):
         memo: TargetMemo,
         round_table_stride: int = 0,
         profile: LatencyProfile | None = None,
+        batch_rows: int = 0,
     ) -> None:
-        super().__init__(pair, config, schedules, round_table_stride, profile)
+        super().__init__(pair, config, schedules, round_table_stride, profile, batch_rows)
         memo.check(pair)
         self.memo = memo
         # g and the rows do not depend on the verification budget (lossless decoding commits the
@@ -241,6 +242,7 @@ def priced_cell(
     hindsight: bool = True,
     continuations: Sequence[Continuation] | None = None,
     rows: Sequence[TargetRows] | None = None,
+    batch_rows: int = 0,
 ) -> PricedCell:
     """Replay the fixed schedules and every policy on every prompt; price them with the profile.
 
@@ -256,6 +258,8 @@ def priced_cell(
     ``continuations``: the prompts' g and stop from an earlier pricing of these prompts with this
     target (a stored fixed part's), taken instead of decoding them again; ``rows``: that part's
     target rows too, so that no target forward runs (the cell is the same either way).
+    ``batch_rows``: the replay's (collectors.collect.replay.Replayer); batched, each prompt's
+    branches are grown once for the fixed schedules and every policy together (StepMemo.fill).
     """
     depth = config.tree.depth
     named = _fixed_schedules(fixed, depth)
@@ -263,7 +267,8 @@ def priced_cell(
         schedules = [schedule_bits(s, depth) for s in range(2**depth)]
     else:
         schedules = list(dict.fromkeys(p.bits for p in named.values()))
-    replayer = MemoReplayer(pair, config, schedules, TargetMemo() if memo is None else memo, profile=profile)
+    memo = TargetMemo() if memo is None else memo
+    replayer = MemoReplayer(pair, config, schedules, memo, profile=profile, batch_rows=batch_rows)
     if continuations is not None:
         replayer.seed(prompts, continuations, rows)
     elif rows is not None:
@@ -282,8 +287,9 @@ def priced_cell(
         if continuations is None:  # a seeded pass's rows are its stored part's (merge_parts keeps them)
             target_rows.append(replayer.rows_of(prompt, inputs.text))
         steps = StepMemo()  # this prompt's drafting steps, shared by its policies
+        grown = steps.fill(replayer, inputs) if replayer.batch_rows and policies else None
         if schedules:
-            rep = replayer.replay_prompt(prompt, inputs)
+            rep = replayer.replay_prompt(prompt, inputs, grown)
             for s in range(len(schedules)):
                 per_schedule[s].append((rep.rounds[s], rep.n_tokens[s], [schedules[s]] * len(rep.rounds[s])))
         for name, policy in policies.items():

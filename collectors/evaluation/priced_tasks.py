@@ -89,8 +89,9 @@ def priced_group(
         _, prompts, profile, runtime = cell_inputs(params, pair_id, dataset, pair, n, start)
         config = decode_config(params, pair_id)
         args = (pair, prompts, config, profile, runtime, dict(policies), dict(fixed))
+        rows = params.runtime.replay_batch_rows
         if fixed_parts is None:
-            out.append(priced_cell(*args, memo=memo, hindsight=hindsight))
+            out.append(priced_cell(*args, memo=memo, hindsight=hindsight, batch_rows=rows))
             continue
         part = fixed_parts[pair_id, dataset]
         if part.prompts_sha256 != prompts_digest(prompts):
@@ -100,7 +101,7 @@ def priced_group(
             )
         stored = part.rows or None
         learned = priced_cell(
-            *args, memo=memo, hindsight=False, continuations=part.continuations, rows=stored
+            *args, memo=memo, hindsight=False, continuations=part.continuations, rows=stored, batch_rows=rows
         )
         out.append(merge_parts(part, learned))
     return out

@@ -136,13 +136,17 @@ def measure_shapes(
     tree: TreeConfig,
     shapes: Sequence[tuple[int, int, int]],
     cfg: BudgetParams,
+    batch_rows: int = 0,
 ) -> dict:
     """The pair's entry: B* and its policy under the best-priced tree shape of ``shapes`` (width,
-    topk, ngram_min_n; ``tree`` gives the rest of the tree), each shape swept on ``prompts``."""
+    topk, ngram_min_n; ``tree`` gives the rest of the tree), each shape swept on ``prompts``
+    (``batch_rows``: the replay's, collectors.collect.replay.Replayer)."""
     picks = {}
     for width, topk, min_n in shapes:
         shaped = dataclasses.replace(tree, width=width, topk=topk, ngram_min_n=min_n)
-        sweeps = sweep_pair(pair, profile, prompts, shaped, cfg.max_new_tokens, schedules=cfg.schedules)
+        sweeps = sweep_pair(
+            pair, profile, prompts, shaped, cfg.max_new_tokens, schedules=cfg.schedules, batch_rows=batch_rows
+        )
         pick = choose(sweeps, profile, len(prompts), cfg.round_gain_scales, cfg.round_min_gain)
         picks[width, topk, min_n] = {**pick, "width": width, "topk": topk, "ngram_min_n": min_n}
         log.info("%s, W = %d, m = %d, n-gram n >= %d: B* = %d (%s, %.2fx)", pair_id, width, topk, min_n,

@@ -25,8 +25,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from collectors.collect.branch import Branch
 from collectors.collect.branch_mid import committed_kv
-from collectors.collect.replay import Branch, Replayer
+from collectors.collect.replay import Replayer, ReplayInputs
 from collectors.collect.trajectory import BranchOutcome, Walk, accepted_along, small_frontier
 from decoder.core.budget import budget_sweep, expected_gains, linear_cost, round_budget, saba_budget
 from decoder.core.config import DecodeConfig, TreeConfig
@@ -81,20 +82,19 @@ def sweep_prompt(
     """Every (schedule, budget) trajectory of one prompt, and the outcomes from every start position
     of the continuation (each a round that a trajectory of some budget could begin there)."""
     inputs = rep.inputs(prompt)
-    text, limit, mid_kv = inputs.text, inputs.limit, inputs.mid_kv
-    ngram = rep.ngram_with_rows(prompt, text)
-    builder = RoundBuilder(rep.config.tree, ngram, None, lambda: 0.0)
-    ngram.commit(prompt)
+    text, limit = inputs.text, inputs.limit
     keys = [(s, b) for s in range(len(rep.schedules)) for b in budgets]
     walks = {k: Walk() for k in keys}
     first, left = first_round_start(prompt), inputs.round_tokens
     at: dict[int, list[tuple[int, int]]] = {first: list(keys)} if left > 0 else {}
-    seen = {}
+    if rep.batch_rows:
+        grown = rep.grow_all(inputs, rep.prefixes()) if left > 0 else {}
+        seen = {start: rep.outcomes_of(level, text, start) for start, level in grown.items()}
+        del grown
+    else:
+        seen = _one_start_at_a_time(rep, inputs, first)
     for start in range(first, len(prompt) + limit):
-        ngram.commit(text[len(ngram.index.tokens) : start])
-        context = committed_kv(mid_kv, start - 1) if mid_kv is not None else None
-        outcomes = rep._all_schedules(builder, context, text, start, set(rep.schedules))
-        seen[start] = outcomes
+        outcomes = seen[start]
         for s, b in at.pop(start, []):
             nxt = walks[s, b].advance(outcomes[s].at(b), start, left, rep.schedules[s])
             if nxt is not None:
@@ -103,6 +103,20 @@ def sweep_prompt(
     if emitted != {left} or at:
         raise RuntimeError(f"trajectories emitted {sorted(emitted)} tokens, expected {left}")
     return walks, seen, left
+
+
+def _one_start_at_a_time(rep: SweepReplayer, inputs: ReplayInputs, first: int) -> dict[int, list]:
+    """Every schedule's outcomes at every start of the continuation, grown one start at a time."""
+    prompt, text, mid_kv = inputs.prompt, inputs.text, inputs.mid_kv
+    ngram = rep.ngram_with_rows(prompt, text)
+    builder = RoundBuilder(rep.config.tree, ngram, None, lambda: 0.0)
+    ngram.commit(prompt)
+    seen = {}
+    for start in range(first, len(prompt) + inputs.limit):
+        ngram.commit(text[len(ngram.index.tokens) : start])
+        context = committed_kv(mid_kv, start - 1) if mid_kv is not None else None
+        seen[start] = rep._all_schedules(builder, context, text, start, set(rep.schedules))
+    return seen
 
 
 def priced_ms(profile: LatencyProfile, walk: Walk) -> float:
@@ -248,15 +262,17 @@ def sweep_pair(
     max_new_tokens: int,
     check: Check | None = None,
     schedules: Sequence[str] = (),
+    batch_rows: int = 0,
 ) -> dict[str, PolicySweep]:
     """Every fixed policy of `fixed_policies` (with the mixed ``schedules``) under every budget
-    1..tree.budget on ``prompts``; ``check`` (if given) sees the first prompt's walks."""
+    1..tree.budget on ``prompts``; ``check`` (if given) sees the first prompt's walks.
+    ``batch_rows``: Replayer's (0: one round start at a time)."""
     if not prompts:
         raise ValueError("sweep_pair needs at least one prompt")
     names = fixed_policies(pair, tree.depth, schedules)
     b_max = tree.budget
     config = DecodeConfig(max_new_tokens=max_new_tokens, tree=tree)
-    rep = SweepReplayer(pair, config, list(names.values()), round_table_stride=0, profile=profile)
+    rep = SweepReplayer(pair, config, list(names.values()), 0, profile, batch_rows)
     budgets = list(range(1, b_max + 1))
     ms = {(s, b): 0.0 for s in range(len(names)) for b in budgets}
     acc: dict[tuple[int, int], list[int]] = {k: [] for k in ms}

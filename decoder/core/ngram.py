@@ -71,6 +71,15 @@ class NgramIndex:
                     hits.append(end)
             self._last_keys = keys
 
+    def copy(self) -> NgramIndex:
+        """An independent index of the same text: extending either leaves the other as it is."""
+        new = NgramIndex(self.max_n)
+        new.tokens = list(self.tokens)
+        new.table = {key: list(hits) for key, hits in self.table.items()}
+        new.successors = {key: dict(after) for key, after in self.successors.items()}
+        new._last_keys = list(self._last_keys)
+        return new
+
     def latest_continuations(self, suffix: Sequence[int], limit: int, min_n: int = 1) -> list[int]:
         """End positions of the longest n-gram (n >= min_n) of `suffix`'s tail that has a successor,
         one per distinct successor token, most recent first, at most `limit`: O(max_n + limit)."""
@@ -187,6 +196,13 @@ class NgramDrafter:
     @property
     def max_n(self) -> int:
         return self.index.max_n
+
+    def fork(self) -> NgramDrafter:
+        """A drafter over a copy of the committed text's index, sharing this one's score cache: what
+        this drafter proposes now, whatever either commits later."""
+        new = NgramDrafter(self.index.max_n, self.max_matches, self.chain_len, self.min_n)
+        new.index, new.cache = self.index.copy(), self.cache
+        return new
 
     def commit(self, tokens: Sequence[int]) -> None:
         self.index.extend(tokens)
