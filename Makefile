@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-gpu test test-gpu gpu-check lint bench bench-never-loses repro results bench-regimes \
+.PHONY: setup setup-gpu test test-all test-gpu gpu-check lint bench bench-never-loses repro results bench-regimes \
 	bench-real-pair ui clean
 
 setup: $(STAMP)
@@ -34,7 +34,14 @@ setup-gpu:
 	$(PY) -c "import torch; assert torch.version.cuda, f'torch {torch.__version__} has no CUDA'; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
 	touch $(STAMP)
 
+# The developer loop: every test but the `slow` end-to-end runs and the opt-in `shared_data` ones.
 test: $(STAMP)
+	$(PY) -m pip check
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not slow and not shared_data"
+
+# Every test, the DVC end-to-end runs included (about 20 min on 2 cores); what CI runs.
+test-all: $(STAMP)
 	$(PY) -m pip check
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q

@@ -20,8 +20,6 @@ from transformers import (
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-
 
 def tiny_config(arch: str, vocab: int = 96, layers: int = 2, hidden: int = 64):
     common = dict(

@@ -1,10 +1,10 @@
 """Bring your own pair: one pair, its own prompts file, a template from its tokenizer.
 
-The fast tests run the learning stages on synthetic collectors' tables of ONE pair (the smoke
-profile), and the data stage on a user's Spec-Bench ``question.jsonl``. The ``slow`` test does what
-the README's walkthrough says, as a new user would: two smoke-zoo checkpoints copied under new
-names, a 12-prompt question file, an overlay declaring the pair, ``dvc exp run -S overlay=...``,
-then a decode with the bundle through the CLI.
+The tests run the learning stages on synthetic collectors' tables of ONE pair (the smoke profile;
+all six stages in a ``slow`` test), and the data stage on a user's Spec-Bench ``question.jsonl``.
+The ``slow`` walkthrough does what the README's walkthrough says, as a new user would: two
+smoke-zoo checkpoints copied under new names, a 12-prompt question file, an overlay declaring the
+pair, ``dvc exp run -S overlay=...``, then a decode with the bundle through the CLI.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def _learning_params(root: Path) -> Params:
     return load_params(profile="smoke", overrides=deep_merge(overrides, fast))
 
 
+@pytest.mark.slow
 def test_learning_stages_run_on_one_pair_without_the_leave_pair_out_split(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

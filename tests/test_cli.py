@@ -42,6 +42,7 @@ def chat_dir(tmp_path_factory):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m decoder ARGS` in a process of its own, as a user runs it."""
     return subprocess.run(
         [sys.executable, "-m", "decoder", *args],
         capture_output=True,
@@ -49,6 +50,20 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         cwd=ROOT,
         timeout=300,
     )
+
+
+def call_cli(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """decoder.cli.main(ARGS) in this process, ending as `python -m decoder` does (main's return
+    value, or argparse's exit status), with what it printed: run_cli's result without the seconds
+    of a fresh interpreter importing torch. test_cli_prints_text_and_side_by_side_table keeps the
+    entry point itself covered."""
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as stop:
+        code = stop.code
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(["decoder", *args], code, printed.out, printed.err)
 
 
 def table_of(stdout: str, policy: str = "10101") -> dict[str, list[str]]:
@@ -74,12 +89,12 @@ def test_cli_prints_text_and_side_by_side_table(pair_dir):
     assert table["ar"][3] == "1.00x" and table["10101"][-1] == "yes"
 
 
-def test_cli_budget_caps_the_verified_tree(pair_dir):
+def test_cli_budget_caps_the_verified_tree(pair_dir, capsys):
     """--budget 1 verifies the root and one drafted node: at most one drafted token per round,
     where the default 63 accepts more (1.5 a round with this pair); both stay the target's text."""
     base = ["--target", str(pair_dir / "target"), "--mid", str(pair_dir / "mid"), "--policy", "all-mid"]
     prompt = ["--prompt", "def main():\n    return", "--max-new-tokens", "24"]
-    small, full = run_cli(*base, *prompt, "--budget", "1"), run_cli(*base, *prompt)
+    small, full = call_cli(capsys, *base, *prompt, "--budget", "1"), call_cli(capsys, *base, *prompt)
     assert small.returncode == 0 and full.returncode == 0, (small.stderr, full.stderr)
     a_small, a_full = (
         float(table_of(small.stdout, "all-mid")["all-mid"][4]),
@@ -90,15 +105,15 @@ def test_cli_budget_caps_the_verified_tree(pair_dir):
     assert small.stdout.split("\n\n")[0] == full.stdout.split("\n\n")[0]
 
 
-def test_cli_tree_shape_flags_reach_the_tree(pair_dir):
+def test_cli_tree_shape_flags_reach_the_tree(pair_dir, capsys):
     """--width 1 --topk 1 leaves the mid drafter one chain of depth D = 5 per round (the n-gram
     drafter's chains need a match, which a 24-token run rarely has), so at most 5 drafted tokens are
     accepted a round; the same text as the default 10 x 10 tree, which accepts more. --ngram-min-n 2
     is taken (a bad value is refused by name in test_cli_bad_input)."""
     base = ["--target", str(pair_dir / "target"), "--mid", str(pair_dir / "mid"), "--policy", "all-mid"]
     prompt = ["--prompt", "def main():\n    return", "--max-new-tokens", "24"]
-    chain = run_cli(*base, *prompt, "--width", "1", "--topk", "1", "--ngram-min-n", "2")
-    wide = run_cli(*base, *prompt)
+    chain = call_cli(capsys, *base, *prompt, "--width", "1", "--topk", "1", "--ngram-min-n", "2")
+    wide = call_cli(capsys, *base, *prompt)
     assert chain.returncode == 0 and wide.returncode == 0, (chain.stderr, wide.stderr)
     rows = table_of(chain.stdout, "all-mid")["all-mid"], table_of(wide.stdout, "all-mid")["all-mid"]
     assert rows[0][-1] == rows[1][-1] == "yes"
@@ -107,15 +122,15 @@ def test_cli_tree_shape_flags_reach_the_tree(pair_dir):
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-def test_cli_onednn_linear_prints_the_same_text(pair_dir):
+def test_cli_onednn_linear_prints_the_same_text(pair_dir, capsys):
     """--linear onednn swaps the models' linear layers: the text (the target's greedy output) stays."""
     base = ["--target", str(pair_dir / "target"), "--mid", str(pair_dir / "mid"), "--policy", "10101"]
     prompt = ["--prompt", "def main():\n    return", "--max-new-tokens", "24"]
-    stock, onednn = run_cli(*base, *prompt), run_cli(*base, *prompt, "--linear", "onednn")
+    stock, onednn = call_cli(capsys, *base, *prompt), call_cli(capsys, *base, *prompt, "--linear", "onednn")
     assert stock.returncode == 0 and onednn.returncode == 0, (stock.stderr, onednn.stderr)
     assert onednn.stdout.split("\n\n")[0] == stock.stdout.split("\n\n")[0]
     assert table_of(onednn.stdout)["10101"][-1] == "yes"
-    bad = run_cli(*base, *prompt, "--linear", "mkl")
+    bad = call_cli(capsys, *base, *prompt, "--linear", "mkl")
     assert bad.returncode == 2 and "invalid choice: 'mkl'" in bad.stderr
 
 
@@ -133,7 +148,7 @@ def greedy_text(folder: Path, ids: list[int], max_new: int) -> str:
 
 
 @pytest.mark.parametrize("raw", [False, True])
-def test_cli_on_a_chat_tokenizer(chat_dir, raw):
+def test_cli_on_a_chat_tokenizer(chat_dir, raw, capsys):
     """Both the chat-template path and --raw print the target's own greedy text and the table."""
     tok = AutoTokenizer.from_pretrained(chat_dir / "target", local_files_only=True)
     prompt = "def main():\n    return"
@@ -143,7 +158,7 @@ def test_cli_on_a_chat_tokenizer(chat_dir, raw):
     # the template path is the tokenizer's own rendering; --raw is the bare prompt
     assert (ids == templated) != raw and ids == (tok(prompt)["input_ids"] if raw else templated)
     args = ["--target", str(chat_dir / "target"), "--mid", str(chat_dir / "mid"), "--prompt", prompt]
-    out = run_cli(*args, "--policy", "10101", "--max-new-tokens", "20", *(["--raw"] if raw else []))
+    out = call_cli(capsys, *args, "--policy", "10101", "--max-new-tokens", "20", *(["--raw"] if raw else []))
     assert out.returncode == 0, out.stderr
     expect = greedy_text(chat_dir / "target", ids, 20)
     assert out.stdout.startswith(expect + "\n\n"), (out.stdout, expect)
@@ -164,10 +179,10 @@ def test_cli_on_a_chat_tokenizer(chat_dir, raw):
         (["--ngram-min-n", "6"], "--ngram-min-n must be in 1..5"),
     ],
 )
-def test_cli_bad_input(pair_dir, args, message):
+def test_cli_bad_input(pair_dir, capsys, args, message):
     base = {"--target": str(pair_dir / "target"), "--mid": str(pair_dir / "mid"), "--prompt": "x = 1"}
     argv = [x for k, v in base.items() if k not in args for x in (k, v)] + args
-    out = run_cli(*argv, "--raw")
+    out = call_cli(capsys, *argv, "--raw")
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 

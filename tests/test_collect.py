@@ -222,6 +222,7 @@ def test_report_of_another_schema_version_is_recollected_with_a_warning(
     assert merged_bytes(params) == merged_bytes(finished[0])
 
 
+@pytest.mark.slow  # starts a local Ray instance and its worker processes
 def test_ray_backend_matches_local(workspace):
     pytest.importorskip("ray")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

@@ -91,11 +91,13 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the code folders; the tests below fingerprint it in processes of their own (slow)."""
     root = tmp_path_factory.mktemp("tree")
     _copy_code(root)
     return root
 
 
+@pytest.mark.slow
 def test_docstring_edit_keeps_every_digest_and_a_semantic_edit_moves_exactly_its_importers(
     tree: Path,
 ) -> None:
@@ -172,6 +174,7 @@ def _resume_code_digest(root: Path) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow
 def test_collects_resume_key_keeps_reports_across_a_comment_edit_not_a_code_edit(tree: Path) -> None:
     before = _resume_code_digest(tree)
     ngram = tree / "decoder/core/ngram.py"

@@ -1,6 +1,7 @@
 """The process pool changes nothing but speed: collect's Parquet tables byte for byte, evaluate's
-priced rows field by field, with 1 and 2 workers; a failing task names itself; cells sharing a target
-compute its work once and equal cells computed on their own."""
+priced rows field by field, with 1 and 2 workers (`slow`: they start worker processes that load the
+models); a failing task names itself; cells sharing a target compute its work once and equal cells
+computed on their own."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def eval_params(root: Path, workers: int) -> Params:
     return load_params(profile="smoke", overrides=overrides)
 
 
+@pytest.mark.slow
 def test_collect_tables_are_byte_identical_with_two_workers(workspace) -> None:
     one = params_for(workspace, name="one", workers=1)
     two = params_for(workspace, name="two", workers=2)
@@ -98,13 +100,23 @@ def _same(a: PricedCell, b: PricedCell) -> None:
         np.testing.assert_array_equal(m.tokens, n.tokens, err_msg=name)
 
 
-def test_priced_cells_equal_with_two_workers_and_cell_by_cell(workspace, monkeypatch) -> None:
+@pytest.mark.slow
+def test_priced_cells_equal_with_two_workers(workspace) -> None:
+    """Two worker processes price every cell as one process does (which equals cell by cell: below)."""
     one, two = eval_params(workspace, 1), eval_params(workspace, 2)
+    local = priced_cells(one, CELLS, POLICIES, FIXED_METHODS)
+    pooled = priced_cells(two, CELLS, POLICIES, FIXED_METHODS)
+    for cell in CELLS:
+        _same(pooled[cell], local[cell])
+        assert priced_rows(pooled[cell], 200) == priced_rows(local[cell], 200)
+
+
+def test_priced_cells_sharing_a_target_equal_cell_by_cell(workspace, monkeypatch) -> None:
+    one = eval_params(workspace, 1)
     assert target_groups(one, CELLS) == [
         [("tiny", "code"), ("tiny-w", "code")],
         [("tiny", "chat"), ("tiny-w", "chat")],
     ]
-    pooled = priced_cells(two, CELLS, POLICIES, FIXED_METHODS)
     calls: list[tuple] = []
     real = Replayer.continuation
 
@@ -129,9 +141,8 @@ def test_priced_cells_equal_with_two_workers_and_cell_by_cell(workspace, monkeyp
         config = decode_config(one, cell[0])
         rows = one.runtime.replay_batch_rows
         alone = priced_cell(pair, prompts, config, profile, runtime, POLICIES, FIXED_METHODS, batch_rows=rows)
-        for got in (local[cell], pooled[cell]):
-            _same(got, alone)
-            assert priced_rows(got, 200) == priced_rows(alone, 200)
+        _same(local[cell], alone)
+        assert priced_rows(local[cell], 200) == priced_rows(alone, 200)
     assert priced_rows(local[("tiny", "code")], 200) != priced_rows(local[("tiny-w", "code")], 200)
 
 

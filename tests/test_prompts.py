@@ -20,6 +20,8 @@ from collectors.data.prompts import (
 from config.params import load_params
 from decoder.models.templates import TEMPLATES, get_template, jinja_chat_template, render
 
+FIXTURE_BENCH = Path(__file__).resolve().parent / "fixtures" / "eagle-bench"
+# The paper's benchmark files: development data beside the checkout, never shipped with it.
 SHARED_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eagle-bench"
 
 
@@ -103,6 +105,14 @@ def test_benchmark_folder_lists_subfolders(tmp_path: Path) -> None:
         load_benchmarks(tmp_path, ["a", "c"])
 
 
+def test_fixture_benchmarks_load() -> None:
+    benches = load_benchmarks(FIXTURE_BENCH)
+    assert list(benches) == ["alpaca", "gsm8k", "humaneval", "mt_bench"]
+    assert all(len(qs) == 6 and qs[0].dataset == name for name, qs in benches.items())
+    assert all(len(q.turns) == 2 for q in benches["mt_bench"])
+
+
+@pytest.mark.shared_data
 @pytest.mark.skipif(not SHARED_BENCH.is_dir(), reason="../shared/data/eagle-bench not present")
 def test_paper_benchmarks_load() -> None:
     benches = load_benchmarks(SHARED_BENCH)

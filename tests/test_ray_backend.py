@@ -1,6 +1,7 @@
 """The Ray backend of `collect` on a local two-node cluster: same files as the local backend, byte for
 byte; the cluster is joined through `collect.ray.address` only (RAY_ADDRESS alone starts a local
-instance); pair actors of a bare `cuda` device take the driver's GPUs round-robin."""
+instance); pair actors of a bare `cuda` device take the driver's GPUs round-robin. The tests on the
+cluster start its nodes as processes: `slow`."""
 
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ def files(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*.parquet"))}
 
 
+@pytest.mark.slow
 def test_ray_on_a_two_node_cluster_writes_the_local_backends_files(workspace, cluster, monkeypatch):
     local = params_for(workspace, "local")
     remote = params_for(workspace, "ray", backend="ray", ray={"address": cluster.address})
@@ -109,6 +111,7 @@ def test_ray_on_a_two_node_cluster_writes_the_local_backends_files(workspace, cl
     )
 
 
+@pytest.mark.slow
 def test_only_the_param_joins_a_cluster(cluster, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # the param wins over the environment
     assert connect(RayParams(address=cluster.address, num_cpus=2, gpus_per_task=0.0))

@@ -1,19 +1,24 @@
-"""Real benchmark prompts (../shared/data), a tokenizer trained here, models loaded from disk."""
+"""Natural-language prompts, a tokenizer trained here, models loaded from disk.
+
+The prompts are tests/fixtures/eagle-bench: a few questions of each kind the paper benchmarks
+(instructions, word problems, code, two-turn chat), written for these tests in Spec-Bench's
+question.jsonl format, so the test runs in any clone.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHARED, save_pair, tiny_model, train_tokenizer
+from conftest import save_pair, tiny_model, train_tokenizer
 
 from decoder.core.config import DecodeConfig
 from decoder.generate import generate
 from decoder.models.pair import TokenizerMismatchError, load_pair
 
-BENCH = SHARED / "data" / "eagle-bench"
-pytestmark = pytest.mark.skipif(not BENCH.is_dir(), reason="../shared/data is not available")
+BENCH = Path(__file__).resolve().parent / "fixtures" / "eagle-bench"
 
 
 def questions(limit_per_bench: int) -> list[str]:

@@ -3,6 +3,9 @@
 Each stage runs in its own process, as DVC runs it, against a params file written into a temporary
 folder (params.yaml + the smoke overlay + temporary out_dirs, overlay ``base``) beside a copy of
 profiles/. A bad params file and a read of an undeclared param fail the command, naming the key.
+
+Every test starts Python processes that import the stages, so the module is `slow` (`make test-all`);
+tests/test_params.py checks the same validation in process.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from features.schemas import samples_spec, states_spec
 from features.tables import read_table
 from pipeline import canonicalize
 from pipeline.cli import stage_params
+
+pytestmark = pytest.mark.slow
 
 STAGES = ("canonicalize", "select_signals", "fit_value", "margins", "distill", "export")
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}

@@ -107,6 +107,7 @@ def test_cross_fit_never_uses_the_held_out_fold():
     assert not np.allclose(again.scores[~held], base.scores[~held])  # the other folds trained on it
 
 
+@pytest.mark.slow
 def test_cross_fit_in_worker_processes_gives_the_same_students_to_the_bit():
     rng = np.random.default_rng(3)
     report = np.repeat(np.arange(6), 7)
