@@ -35,9 +35,10 @@ import math
 import sys
 from dataclasses import replace
 
+from decoder.core.adaptive import parse_adaptive
 from decoder.core.config import DecodeConfig, TreeConfig
 from decoder.core.decode import check_prompt, encode_prompt
-from decoder.core.policies import AR, DDTREE, parse_policy, uses_mid
+from decoder.core.policies import AR, DDTREE, is_adaptive, parse_policy, uses_mid
 from decoder.deploy.deployment import Deployment, load_deployment
 from decoder.deploy.switch_off import for_deployment
 from decoder.generate import check_block_prompt, generate
@@ -59,7 +60,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", help="local folder of the target checkpoint (else the bundle's)")
     p.add_argument("--mid", help="local folder of the mid drafter (same tokenizer as the target)")
     p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument("--policy", help="ar | ddtree | all-small (default) | all-mid | a bit string like 10101")
+    p.add_argument(
+        "--policy",
+        help="ar | all-small (default) | all-mid | a bit string like 10101 | adaptive[:MARGIN:PROBE] "
+        "(the online adaptive rule, decoder/core/adaptive.py) | ddtree",
+    )
     graft = p.add_argument_group("GRAFT (--policy ddtree)")
     graft.add_argument("--block-drafter", help="folder of a trained block drafter for the target")
     graft.add_argument("--edge-scorer", help="folder of a TDES edge scorer for that block drafter")
@@ -147,6 +152,8 @@ def _policy_run(args: argparse.Namespace) -> tuple[ModelPair, list[int], list[Me
     policy = args.policy or "all-small"
     config = DecodeConfig(args.max_new_tokens, args.temperature, args.seed, tree_of(args))
     parsed = parse_policy(policy, config.tree.depth)
+    if is_adaptive(parsed):
+        parse_adaptive(policy)  # a malformed MARGIN or PROBE is refused before any model loads
     if uses_mid(parsed) and args.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter: pass --mid PATH")
     graft_flags = [f"--{f.replace('_', '-')}" for f in ("block_drafter", "edge_scorer") if getattr(args, f)]

@@ -1,7 +1,8 @@
 """`generate`: one decode of a prompt with any policy, the entry point of the runtime.
 
-Tree policies ('all-small', 'all-mid', a bit string such as '10101', a learned scheduler) and the
-autoregressive baseline ('ar') run in decoder/core/decode.py; GRAFT's 'ddtree' runs in
+Tree policies ('all-small', 'all-mid', a bit string such as '10101', the online adaptive rule
+'adaptive' (decoder/core/adaptive.py), a learned scheduler) and the autoregressive baseline ('ar')
+run in decoder/core/decode.py; GRAFT's 'ddtree' runs in
 decoder/graft/decode.py with a block proposer (a trained block drafter, decoder/graft/drafter.py,
 or the pair's mid drafter as a stand-in) and optionally the TDES edge scorer.
 
@@ -20,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from decoder.core.adaptive import adaptive_for, parameter_ratio
 from decoder.core.config import DecodeConfig
 from decoder.core.decode import (
     Steps,
@@ -35,6 +37,7 @@ from decoder.core.policies import (
     DDTREE,
     RuntimeContext,
     StepContext,
+    is_adaptive,
     parse_policy,
     start_generation,
     uses_mid,
@@ -82,7 +85,7 @@ def generate_steps(
     round (every token for AR; a 'ddtree' decode runs whole at the first step) and returns the
     GenerationResult. Nothing runs, not even the prompt checks, before the first ``next``. The
     result's wall_s spans its first step to its last, suspended time included, and its cpu_s is 0:
-    decoder.core.measure.run_lockstep interleaves decodes this way and times each step itself."""
+    decoder.measure.run_lockstep interleaves decodes this way and times each step itself."""
     config = config or DecodeConfig()
     parsed = parse_policy(policy, config.tree.depth)
     start_generation(parsed)  # a scheduler's per-generation state (backoff) starts afresh
@@ -100,6 +103,8 @@ def generate_steps(
         raise ValueError(f"an edge scorer serves the 'ddtree' policy only, not {policy!r}")
     if uses_mid(parsed) and pair.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter but the pair has none")
+    if is_adaptive(parsed):  # a fresh rule per request, priced by the models' parameter ratio
+        parsed = adaptive_for(str(parsed), parameter_ratio(pair.mid, pair.target))
     check_prompt(pair, prompt, config, parsed)
     if parsed == AR:
         return (yield from _autoregressive_steps(pair, prompt, config))

@@ -214,3 +214,15 @@ def test_cli_malformed_flag_is_reported_by_argparse(pair_dir, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--target", str(pair_dir / "target"), "--prompt", "x", "--max-new-tokens", "many"])
     assert exc.value.code == 2 and "invalid int value: 'many'" in capsys.readouterr().err
+
+
+def test_cli_adaptive_policy_prints_the_targets_text(pair_dir, capsys):
+    """--policy adaptive: the online rule beside AR, lossless; a malformed threshold is one error
+    line before any model loads."""
+    base = ["--target", str(pair_dir / "target"), "--mid", str(pair_dir / "mid"), "--raw"]
+    prompt = ["--prompt", "def main():\n    return", "--max-new-tokens", "24"]
+    assert main([*base, *prompt, "--policy", "adaptive:0.05:2"]) == 0
+    rows = table_of(capsys.readouterr().out, "adaptive:0.05:2")
+    assert set(rows) == {"ar", "adaptive:0.05:2"} and rows["adaptive:0.05:2"][-1] == "yes"
+    assert main([*base, *prompt, "--policy", "adaptive:fast:2"]) == 2
+    assert "MARGIN must be a number" in capsys.readouterr().err

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from collectors.collect.branch import Branch, read_log
 from collectors.collect.branch_mid import BranchMid, batch_rescore, committed_kv
-from collectors.collect.records import RoundRecord
+from collectors.collect.records import RoundRecord, round_stats
 from collectors.collect.replay import Replayer, ReplayInputs
 from collectors.collect.trajectory import Walk
 from decoder.core.construct import RoundBuilder
@@ -40,6 +40,7 @@ from decoder.core.policies import (
     Scheduler,
     StepContext,
     decision_taken,
+    round_done,
     start_generation,
 )
 from decoder.core.state import step_signals
@@ -103,6 +104,9 @@ def replay_policy(
     prompts or pairs)."""
     cfg, pair = replayer.config.tree, replayer.pair
     text, depth = inputs.text, cfg.depth
+    if memo is None and inputs.forest is not None:  # batched: grow the prompt's branches once
+        memo = StepMemo()
+        memo.fill(replayer, inputs)
     start_generation(policy)  # as generate does: per-prompt scheduler state starts afresh
     ngram = replayer.ngram_with_rows(inputs.prompt, text)
     builder = RoundBuilder(cfg, ngram, None, lambda: 0.0)
@@ -143,6 +147,7 @@ def replay_policy(
             if memo is not None:
                 memo.keep(key, b)
         nxt = walk.advance(replayer.finish(b, text, start), start, left, b.bits, decisions)
+        round_done(policy, round_stats(walk.rounds[-1], b.bits))  # as generate does after a round
         bits.append(b.bits)
         if nxt is None:
             return PolicyTrajectory(walk.rounds, walk.emitted, bits)

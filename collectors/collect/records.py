@@ -14,6 +14,7 @@ from itertools import accumulate
 
 from decoder.core.config import TreeConfig
 from decoder.core.policies import RuntimeContext
+from decoder.core.records import DRAFTLESS, TREE, RoundStats, StepRecord
 from decoder.core.state import (
     CONTEXT_NAMES,
     LOOKAHEAD_NAME,
@@ -62,6 +63,41 @@ class RoundRecord:
             small_frontier=self.small_frontier,
             prompt_blocks=self.prompt_blocks,
         )
+
+
+def round_stats(record: RoundRecord, bits: tuple[bool, ...]) -> RoundStats:
+    """The decoder's RoundStats of a replayed round, for a scheduler that watches rounds
+    (``round_done``): its accepted and emitted tokens, sizes, mode and one StepRecord per step
+    carrying what the round's pricing reads, so decoder.deploy.latency.counts_from_round gives
+    ``record.counts()`` (tests/test_adaptive.py). Pool sizes and created nodes are not replayed (0)."""
+    calls = iter(record.mid_tree_tokens)
+    first_mid = bits.index(True) if any(bits) else -1
+    small = [k for k, mid in enumerate(bits) if not mid]
+    decided = len(bits) if record.decisions is None else record.decisions
+    steps = tuple(
+        StepRecord(
+            used_mid=mid,
+            pool_size=0,
+            frontier_size=(record.small_frontier or 0) if small and k == small[0] else 0,
+            historical_picks=0,
+            created=0,
+            mid_catch_up=record.mid_catch_up if k == first_mid else 0,
+            mid_tree_tokens=next(calls) if mid else 0,
+            decided=k < decided,
+        )
+        for k, mid in enumerate(bits)
+    )
+    return RoundStats(
+        accepted=record.accepted,
+        emitted=record.emitted,
+        tree_size=max(record.tree_nodes - 1, record.verified_nodes - 1),
+        verified_size=record.verified_nodes - 1,
+        steps=steps,
+        times={},
+        mid_lag=record.mid_lag,
+        prompt_blocks=record.prompt_blocks,
+        mode=TREE if record.verified_nodes > 1 else DRAFTLESS,
+    )
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,7 @@ class FixedSchedule:
 
 AR = "ar"
 DDTREE = "ddtree"
+ADAPTIVE = "adaptive"  # the online adaptive rule (decoder/core/adaptive.py): 'adaptive[:MARGIN:PROBE]'
 NAMED = {"all-small": "0", "all-mid": "1"}
 
 
@@ -171,18 +172,24 @@ def schedule_bits(schedule_id: int, depth: int) -> tuple[bool, ...]:
 
 
 def parse_policy(policy: str | Callable[[StepContext], bool], depth: int) -> str | Scheduler:
-    """'ar' and 'ddtree' stay as they are; 'all-small', 'all-mid' and bit strings become FixedSchedule."""
+    """'ar', 'ddtree' and 'adaptive[:MARGIN:PROBE]' stay as they are (the decode builds the adaptive
+    rule: decoder/generate.py); 'all-small', 'all-mid' and bit strings become FixedSchedule."""
     if callable(policy):
         return policy
-    if policy in (AR, DDTREE):
+    if policy in (AR, DDTREE) or is_adaptive(policy):
         return policy
     text = NAMED[policy] * depth if policy in NAMED else policy
     if len(text) != depth or set(text) - {"0", "1"}:
         raise ValueError(
-            f"policy {policy!r}: expected 'ar', 'ddtree', 'all-small', 'all-mid' or a string of "
-            f"{depth} bits like {'10' * (depth // 2) + '1' * (depth % 2)!r}"
+            f"policy {policy!r}: expected 'ar', 'ddtree', 'adaptive', 'all-small', 'all-mid' or a string "
+            f"of {depth} bits like {'10' * (depth // 2) + '1' * (depth % 2)!r}"
         )
     return FixedSchedule(tuple(c == "1" for c in text))
+
+
+def is_adaptive(policy: object) -> bool:
+    """Whether a policy is the adaptive rule's name ('adaptive' or 'adaptive:MARGIN:PROBE')."""
+    return isinstance(policy, str) and (policy == ADAPTIVE or policy.startswith(ADAPTIVE + ":"))
 
 
 def uses_mid(policy: str | Scheduler) -> bool:
