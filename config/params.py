@@ -9,7 +9,9 @@ dotted key. A later stage adds a section by writing one frozen dataclass and add
 :class:`Params` (and the section to params.yaml); the generic parser needs no change.
 
 Values are checked too, declaratively: a field's range, enum or pattern sits beside its type as
-``rule(...)`` metadata (config/validation.py), numbers are finite and >= 0 unless a rule says more,
+``rule(...)`` metadata (config/validation.py), or, in a section declared with pydantic
+(config.validation.Section: ``tree`` so far), as ``Field(ge=...)`` and ``Literal`` types that
+pydantic checks; numbers are finite and >= 0 unless a rule says more,
 and output folders (``out_dir``, ``*_dir``, ``mlflow.db``, ``real_pair.*.out``) stay inside the
 project. One :class:`ParamsError` lists every bad key of a load with its dotted path; duplicate YAML
 keys in params.yaml or a profile are refused with their line.
@@ -32,10 +34,22 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
 
 from config.model_paths import resolve_model
-from config.validation import BITS, SHA256, ParamsError, field_problems, load_yaml, rule, rule_of
+from config.validation import (
+    BITS,
+    SHA256,
+    ParamsError,
+    Section,
+    field_problems,
+    load_yaml,
+    model_problems,
+    rule,
+    rule_of,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAY_KEY = "overlay"  # params.yaml names its overlay profiles/<overlay>.yaml (DVC tracks both)
@@ -53,7 +67,8 @@ PAIR_TEMPLATES = (*TEMPLATES, "auto")  # + decoder.models.templates.AUTO: the to
 # A user's Spec-Bench question file: inside prompts/, the folder dvc.yaml's data stage depends on.
 QUESTIONS = r"(prompts/[A-Za-z0-9._/-]+\.jsonl)?"
 ARCHS = ("qwen3", "llama")  # models.lm_training.ARCHS
-GRAFTING = ("non_destructive", "overwrite")  # decoder.core.config.Grafting
+GraftingName = Literal["non_destructive", "overwrite"]  # decoder.core.config.Grafting
+GRAFTING = typing.get_args(GraftingName)
 BUDGET_MODES = ("measured", "fixed")  # pipeline.budget.MODES
 COLLECT_MODES = ("replay", "execute")  # the collectors and their table contract import this one
 BACKENDS = ("local", "ray")  # collectors.collect.plan.BACKENDS
@@ -204,20 +219,19 @@ class RealPairParams:
     dtype: str = rule(choices=DTYPES)
 
 
-@dataclass(frozen=True)
-class TreeParams:
+class TreeParams(Section):
     """Draft-tree settings shared by every stage that decodes (fields of decoder.core.config.TreeConfig)."""
 
-    depth: int = rule(ge=1)
-    width: int = rule(ge=1)
-    topk: int = rule(ge=1)
-    budget: int = rule(ge=1)
+    depth: int = Field(ge=1)
+    width: int = Field(ge=1)
+    topk: int = Field(ge=1)
+    budget: int = Field(ge=1)
     extended_grafting: bool
-    grafting: str = rule(choices=GRAFTING)
-    ngram_max_n: int = rule(ge=1)
-    ngram_max_matches: int = rule(ge=1)
-    ngram_chain_len: int = rule(ge=1)
-    ngram_min_n: int = rule(ge=1)
+    grafting: GraftingName
+    ngram_max_n: int = Field(ge=1)
+    ngram_max_matches: int = Field(ge=1)
+    ngram_chain_len: int = Field(ge=1)
+    ngram_min_n: int = Field(ge=1)
     sequential: bool
 
 
@@ -514,6 +528,20 @@ class Params:
         )
 
 
+def plain(value: Any) -> Any:
+    """Params, a section or a value of one as plain data (dicts, tuples, scalars), whether a section
+    is a dataclass or a pydantic model."""
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    return value
+
+
 def resolve(path: str) -> Path:
     """Relative paths in params are relative to the repository root."""
     p = Path(path)
@@ -536,7 +564,7 @@ def _gather(builds: Iterable[tuple[K, Callable[[], Any]]]) -> dict[K, Any]:
 
 def _parse(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or (isinstance(tp, type) and issubclass(tp, BaseModel)):
         return parse_section(tp, value, where)
     if origin is dict:
         _, val_tp = typing.get_args(tp)
@@ -574,6 +602,11 @@ def parse_section(cls: type[T], data: Any, where: str) -> T:
     Every problem of the section (and of the sections inside it) is collected first, so the one
     ParamsError raised names them all.
     """
+    if issubclass(cls, BaseModel):  # declared with pydantic: it checks its own fields
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ParamsError(*model_problems(err, where)) from None
     if not isinstance(data, Mapping):
         raise ParamsError(f"{where}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)

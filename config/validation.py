@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 RULE_KEY = "params_rule"  # the dataclasses.field metadata key holding a field's Rule
 SHA256 = r"[0-9a-f]{64}"  # as hashlib's hexdigest() writes it (consumers compare it verbatim)
@@ -50,6 +51,26 @@ class ParamsError(ValueError):
             return self.problems[0]
         lines = "\n".join(f"  {p}" for p in self.problems)
         return f"{len(self.problems)} invalid params:\n{lines}"
+
+
+class Section(BaseModel):
+    """A params section declared with pydantic: frozen, unknown keys refused, no coercion (YAML's
+    ``"5"`` is not 5, ``true`` is not 1). Its fields state their own rules (``Field(ge=1)``,
+    ``Literal``); the defaults below (finite numbers >= 0, output folders inside the project) do not
+    apply to it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def model_problems(err: ValidationError, where: str) -> list[str]:
+    """One line per problem pydantic found, named by its dotted key (``params.tree.depth: Input
+    should be greater than or equal to 1, got -3``)."""
+    out = []
+    for e in err.errors(include_url=False):
+        key = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        got = "" if e["type"] == "missing" else f", got {e['input']!r}"
+        out.append(f"{key}: {e['msg']}{got}")
+    return out
 
 
 @dataclass(frozen=True)

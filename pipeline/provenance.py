@@ -11,7 +11,6 @@ param the stage can read. :func:`stage_inputs` are the stage's deps in dvc.yaml 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -24,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from config.params import ROOT, Params, resolve
+from config.params import ROOT, Params, plain, resolve
 from decoder.io.files import sha256_of_file
 from pipeline.cli import declared_params
 
@@ -38,9 +37,8 @@ class GitState:
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dataclasses/mappings -> {'a.b': value}; tuples become comma-joined strings."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        obj = dataclasses.asdict(obj)
+    """Nested dataclasses/pydantic models/mappings -> {'a.b': value}; tuples become comma-joined strings."""
+    obj = plain(obj)
     if isinstance(obj, Mapping):
         out: dict[str, Any] = {}
         for k, v in obj.items():

@@ -144,7 +144,9 @@ def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace
     (prompt,) = report_questions(params, spec, pair.tokenizer)[1]
     narrow = replace(
         params,
-        tree=replace(params.tree, width=entry["width"], topk=entry["topk"], ngram_min_n=entry["ngram_min_n"]),
+        tree=params.tree.model_copy(
+            update={"width": entry["width"], "topk": entry["topk"], "ngram_min_n": entry["ngram_min_n"]}
+        ),
     )
     rule = pair_round_budget(params, "tiny")
     assert plain_speedup(narrow, prompt, entry["budget"], rule) == pytest.approx(

