@@ -11,6 +11,7 @@ param the stage can read. :func:`stage_inputs` are the stage's deps in dvc.yaml 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -37,7 +38,9 @@ class GitState:
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dataclasses/pydantic models/mappings -> {'a.b': value}; tuples become comma-joined strings."""
+    """Nested dataclasses/params sections/mappings -> {'a.b': value}; tuples become comma-joined strings."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
     obj = plain(obj)
     if isinstance(obj, Mapping):
         out: dict[str, Any] = {}
