@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import torch
+from tabulate import tabulate
 
 from benchmarks.pair_sources import bench_prompts, load_named
 from collectors.collect.plan import tree_config
@@ -123,18 +124,17 @@ def per_token_rule(profile: LatencyProfile, samples: list[Sample], budgets: list
 
 
 def markdown(results: dict[str, dict]) -> str:
-    head = " | ".join(f"B={b}" for b in GRID)
-    lines = [f"| pair | policy | {head} | saba (B) | fitted (B) | per-token (B) | best (B) | best / B=63 |",
-             "|---" * (len(GRID) + 7) + "|"]  # fmt: skip
+    head = ["pair", "policy", *(f"B={b}" for b in GRID), "saba (B)", "fitted (B)", "per-token (B)",
+            "best (B)", "best / B=63"]  # fmt: skip
+    body = []
     for pair, rows in results.items():
         for name, r in rows.items():
-            cells = " | ".join(f"{r['speedup'][str(b)]:.2f}x" for b in GRID)
-            pick = " | ".join(
-                f"{r[k]['speedup']:.2f}x ({r[k]['budget']})" for k in ("saba", "fitted", "per_token", "best")
-            )
+            cells = [f"{r['speedup'][str(b)]:.2f}x" for b in GRID]
+            picks = ("saba", "fitted", "per_token", "best")
+            pick = [f"{r[k]['speedup']:.2f}x ({r[k]['budget']})" for k in picks]
             gain = r["best"]["speedup"] / r["speedup"]["63"]
-            lines.append(f"| {pair} | {name} | {cells} | {pick} | {gain:.2f} |")
-    return "\n".join(lines) + "\n"
+            body.append([pair, name, *cells, *pick, f"{gain:.2f}"])
+    return tabulate(body, head, tablefmt="github", disable_numparse=True) + "\n"
 
 
 def main() -> None:

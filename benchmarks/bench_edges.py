@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import polars as pl
+from tabulate import tabulate
 
 from decoder.core.config import BlockBudgetRule
 from decoder.graft.budget import rule_budget
@@ -76,8 +77,8 @@ def main() -> None:
     args = parser.parse_args()
     rounds = pl.from_arrow(read_table(Path(args.rounds_file), EDGE_ROUNDS))
     result = {}
-    print("| pair | B | marginal ms | tdes ms | added ms | ratio | rule ms | graft ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    head = ["pair", "B", "marginal ms", "tdes ms", "added ms", "ratio", "rule ms", "graft ms"]
+    body = []
     for pair_id in sorted(set(rounds["pair_id"].to_list())):
         scorer, _ = load_edge_scorer(Path(args.scorers) / pair_id)
         rows = list(rounds.filter(pl.col("pair_id") == pair_id).head(args.rounds).iter_rows(named=True))
@@ -89,10 +90,9 @@ def main() -> None:
             result[f"{pair_id}/B{budget}"] = {"marginal_ms": plain, "tdes_ms": scored, "added_ms": added,
                                               "ratio": scored / plain, "rule_ms": ruled, "graft_ms": graft,
                                               "n_rounds": len(rows)}  # fmt: skip
-            print(
-                f"| {pair_id} | {budget} | {plain:.3f} | {scored:.3f} | {added:.3f} | {scored / plain:.2f} "
-                f"| {ruled:.3f} | {graft:.3f} |"
-            )
+            body.append([pair_id, str(budget), f"{plain:.3f}", f"{scored:.3f}", f"{added:.3f}",
+                         f"{scored / plain:.2f}", f"{ruled:.3f}", f"{graft:.3f}"])  # fmt: skip
+    print(tabulate(body, head, tablefmt="github", disable_numparse=True))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

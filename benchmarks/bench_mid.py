@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
+from tabulate import tabulate
 from transformers import AutoTokenizer, DynamicCache
 
 from config.params import load_params
@@ -142,9 +143,9 @@ def main() -> None:
     torch.set_num_threads(1)
     params = load_params(profile=args.profile)
     result = {}
-    cols = ("plain ms", "rescore ms", "top_children ms", "mid_step ms", "rescore/plain", "mid_step/plain")
-    print("| pair | mid | n | " + " | ".join(cols) + " |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = ["pair", "mid", "n", "plain ms", "rescore ms", "top_children ms", "mid_step ms", "rescore/plain",
+            "mid_step/plain"]  # fmt: skip
+    body = []
     for pair in args.pairs:
         _, mid_path = params.pair_paths(pair)
         if mid_path is None:
@@ -154,12 +155,13 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(mid_path, local_files_only=True)
         rows = bench_mid(model, tokenizer, args.sizes, args.context, args.repeats)
         result[pair] = {"mid": str(mid_path), "context": args.context, "sizes": rows}
-        for n, r in rows.items():
-            print(
-                f"| {pair} | {Path(mid_path).name} | {n} | {r['plain_ms']:.3f} | {r['rescore_ms']:.3f} | "
-                f"{r['top_children_ms']:.3f} | {r['mid_step_ms']:.3f} | {r['rescore_ratio']:.2f} | "
-                f"{r['mid_step_ratio']:.2f} |"
-            )
+        body += [
+            [pair, Path(mid_path).name, str(n), f"{r['plain_ms']:.3f}", f"{r['rescore_ms']:.3f}",
+             f"{r['top_children_ms']:.3f}", f"{r['mid_step_ms']:.3f}", f"{r['rescore_ratio']:.2f}",
+             f"{r['mid_step_ratio']:.2f}"]
+            for n, r in rows.items()
+        ]  # fmt: skip
+    print(tabulate(body, head, tablefmt="github", disable_numparse=True))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")

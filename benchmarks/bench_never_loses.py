@@ -58,6 +58,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
+from tabulate import tabulate
 
 from collectors.collect.plan import pair_tree, profile_for, profile_path, tree_config
 from collectors.data.prompts import PromptFileError, Question, encode_prompts, load_benchmarks, load_questions
@@ -302,6 +303,25 @@ def measure_dtype(source: Source, dtype: str, questions: list[Question], args: a
     return info
 
 
+PROMPT_HEAD = ["prompt", "ratio (wall)", "paired (95%)", "ratio (CPU)", "paired CPU (95%)", "runs", "priced",
+               "A", "verified / as AR / switch-offs", "output"]  # fmt: skip
+
+
+def _prompt_row(r: dict) -> list[str]:
+    return [
+        f"{r['category']} {r['question_id']}",
+        f"{r['ratio']:.2f}x",
+        f"{r['paired_ratio']:.2f}x [{r['paired_low']:.2f}, {r['paired_high']:.2f}]",
+        f"{r['cpu_ratio']:.3f}x",
+        f"{r['cpu_paired_ratio']:.3f}x [{r['cpu_paired_low']:.3f}, {r['cpu_paired_high']:.3f}]",
+        str(r["runs"]),
+        f"{r['priced_ratio']:.2f}x" if "priced_ratio" in r else "-",
+        f"{r['accepted']:.2f}",
+        f"{r['rounds_verified']} / {r['rounds_as_ar']} / {r['switch_offs']}",
+        str(r["output"]),
+    ]
+
+
 def markdown(head: dict, infos: list[dict]) -> str:
     lines = [
         f"Pair `{head['pair']}`, policy {head['policy']}{' + switch-off' if head['switch_off'] else ''} at "
@@ -326,20 +346,9 @@ def markdown(head: dict, infos: list[dict]) -> str:
             + ", ".join(f"{n} {v}" for v, n in info["cpu_paired_floor"].items())
             + f" (OMP_WAIT_POLICY {info['omp_wait_policy']}).",
             "",
-            "| prompt | ratio (wall) | paired (95%) | ratio (CPU) | paired CPU (95%) | runs | priced "
-            "| A | verified / as AR / switch-offs | output |",
-            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for r in info["rows"]:
-            priced = f"{r['priced_ratio']:.2f}x" if "priced_ratio" in r else "-"
-            lines.append(
-                f"| {r['category']} {r['question_id']} | {r['ratio']:.2f}x "
-                f"| {r['paired_ratio']:.2f}x [{r['paired_low']:.2f}, {r['paired_high']:.2f}] "
-                f"| {r['cpu_ratio']:.3f}x "
-                f"| {r['cpu_paired_ratio']:.3f}x [{r['cpu_paired_low']:.3f}, {r['cpu_paired_high']:.3f}] "
-                f"| {r['runs']} | {priced} | {r['accepted']:.2f} "
-                f"| {r['rounds_verified']} / {r['rounds_as_ar']} / {r['switch_offs']} | {r['output']} |"
-            )
+        body = [_prompt_row(r) for r in info["rows"]]
+        lines.append(tabulate(body, PROMPT_HEAD, tablefmt="github", disable_numparse=True))
     return "\n".join(lines) + "\n"
 
 

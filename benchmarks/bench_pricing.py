@@ -112,7 +112,7 @@ def main() -> None:
     configure_process(args.threads, params.runtime.keep_freed_memory)  # as the stages, with --threads
     s = params.profile
     names = args.pairs or [n for n in s.pairs if params.pair_paths(n)[0].exists()] or [TINY]
-    config = DecodeConfig(max_new_tokens=args.max_new_tokens, tree=TreeConfig(**asdict(params.tree)))
+    config = DecodeConfig(max_new_tokens=args.max_new_tokens, tree=TreeConfig(**params.tree.model_dump()))
     report, tables = [], []
     for name in names:
         pair = load_named(params, name)

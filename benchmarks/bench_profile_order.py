@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,7 +56,7 @@ def main() -> None:
     torch.set_num_threads(1)  # the stage's setting on a CPU: its clock is then this thread's CPU time
     params = load_params(profile=args.overlay)
     s = params.profile
-    cfg = TreeConfig(**asdict(params.tree))
+    cfg = TreeConfig(**params.tree.model_dump())
     names = args.pairs or [n for n in s.pairs if params.pair_paths(n)[0].exists()] or [TINY]
     report = []
     for name in names:

@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tabulate import tabulate
 
 from collectors.collect.plan import pair_tree, profile_for
 from collectors.collect.records import runtime_for
@@ -161,17 +162,18 @@ def markdown(info: dict) -> str:
         f"{info['shape']['policy']} {info['shape']['speedup_at_budget']:.2f}x priced, decodes with "
         f"{info['shape']['decode_policy']}; per shape: {shapes}).",
         "",
-        "| method | tok/s | speedup vs AR | worst dataset | A | mid calls / step | identical to AR "
-        "| near-ties | real mismatches |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    head = ["method", "tok/s", "speedup vs AR", "worst dataset", "A", "mid calls / step", "identical to AR",
+            "near-ties", "real mismatches"]  # fmt: skip
+    body = []
     for name, m in info["methods"].items():
         worst = min(info["per_dataset"][name].items(), key=lambda kv: kv[1])
-        lines.append(
-            f"| {name} | {m['tokens_per_s']:.2f} | {m['speedup_vs_ar']:.2f}x | {worst[0]} {worst[1]:.2f}x "
-            f"| {m['mean_accepted_length']:.2f} | {m['mid_call_rate']:.2f} "
-            f"| {m['identical']}/{info['n_prompts']} | {m['near_ties']} | {m['real_mismatches']} |"
-        )
+        body.append(
+            [name, f"{m['tokens_per_s']:.2f}", f"{m['speedup_vs_ar']:.2f}x", f"{worst[0]} {worst[1]:.2f}x",
+             f"{m['mean_accepted_length']:.2f}", f"{m['mid_call_rate']:.2f}",
+             f"{m['identical']}/{info['n_prompts']}", str(m["near_ties"]), str(m["real_mismatches"])]
+        )  # fmt: skip
+    lines.append(tabulate(body, head, tablefmt="github", disable_numparse=True))
     c = info["costs"]
     verify = ", ".join(f"{n}: {ms:.0f}" for n, ms in c["verify_ms"].items())
     mid = ", ".join(f"{n}: {ms:.0f}" for n, ms in c["mid_ms"].items())

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from tabulate import tabulate
 
 from collectors.data.prompts import encode_prompts, load_benchmarks
 from config.params import Params, load_params, resolve
@@ -105,28 +106,31 @@ def measure_pair(params: Params, name: str, n_prompts: int, max_new: int, max_pr
     return info
 
 
-def _row(label: str, rows: dict[str, dict], extra: str) -> str:
+def _row(label: str, rows: dict[str, dict], extra: str) -> list[str]:
     s, m = rows["all-small"], rows["all-mid"]
     ratio = m["speedup_vs_ar"] / s["speedup_vs_ar"]
-    return (
-        f"| {label} | {extra} | {s['speedup_vs_ar']:.2f}x ({s['mean_accepted_length']:.2f}) "
-        f"| {m['speedup_vs_ar']:.2f}x ({m['mean_accepted_length']:.2f}) | {ratio:.2f} "
-        f"| {regime(s['speedup_vs_ar'], m['speedup_vs_ar'])} |"
-    )
+    return [
+        label,
+        extra,
+        f"{s['speedup_vs_ar']:.2f}x ({s['mean_accepted_length']:.2f})",
+        f"{m['speedup_vs_ar']:.2f}x ({m['mean_accepted_length']:.2f})",
+        f"{ratio:.2f}",
+        regime(s["speedup_vs_ar"], m["speedup_vs_ar"]),
+    ]
 
 
 def markdown(results: list[dict]) -> str:
     """Pooled row per pair, then one row per (pair, dataset) report."""
-    head = ("| pair / report | target / mid params, AR tok/s | All-Small speedup (A) "
-            "| All-Mid speedup (A) | Mid/Small | regime |\n|---|---|---|---|---|---|")  # fmt: skip
-    lines = [head]
+    head = ["pair / report", "target / mid params, AR tok/s", "All-Small speedup (A)", "All-Mid speedup (A)",
+            "Mid/Small", "regime"]  # fmt: skip
+    body = []
     for r in results:
         extra = f"{r['target_params_m']:.1f}M / {r['mid_params_m']:.2f}M, {r['ar_tokens_per_s']:.0f}"
-        lines.append(_row(f"**{r['pair']}** (all)", r["pooled"], extra))
+        body.append(_row(f"**{r['pair']}** (all)", r["pooled"], extra))
     for r in results:
         for dataset, rows in r["per_dataset"].items():
-            lines.append(_row(f"{r['pair']} / {dataset}", rows, f"{rows['ar']['tokens_per_s']:.0f}"))
-    return "\n".join(lines) + "\n"
+            body.append(_row(f"{r['pair']} / {dataset}", rows, f"{rows['ar']['tokens_per_s']:.0f}"))
+    return tabulate(body, head, tablefmt="github", disable_numparse=True) + "\n"
 
 
 def main() -> None:

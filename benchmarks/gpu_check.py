@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tabulate import tabulate
 
 from benchmarks.gpu_check_parts import (
     Method,
@@ -314,16 +315,19 @@ def run_check(args: argparse.Namespace, work: Path, save: Callable[[dict[str, An
     return report
 
 
-def _table_row(name: str, row: dict[str, Any], bf16: dict[str, Any]) -> str:
+TABLE_HEAD = ["policy", "tok/s", "speedup", "A", "priced/measured", "fp32 lossless", "bf16 identical",
+              "bf16 near-ties", "bf16 real mismatches", "note"]  # fmt: skip
+
+
+def _table_row(name: str, row: dict[str, Any], bf16: dict[str, Any]) -> list[str]:
     if not row["available"]:
-        return f"| {name} | - | - | - | - | not available | - | - | - | {row['reason']} |"
+        return [name, "-", "-", "-", "-", "not available", "-", "-", "-", row["reason"]]
     ratio, check = row.get("priced_over_measured"), bf16["check"]
     notes = "; ".join(n for n in (row["note"], row.get("priced_note", "")) if n)
-    return (
-        f"| {name} | {row['tok_per_s']:.1f} | {row['speedup_vs_ar']:.2f}x | {row['mean_accepted']:.2f} "
-        f"| {'-' if ratio is None else f'{ratio:.2f}'} | {'yes' if row['lossless'] else 'NO'} "
-        f"| {check['sequence_agreement']:.0%} | {check['near_ties']} | {check['real_mismatches']} | {notes} |"
-    )
+    return [name, f"{row['tok_per_s']:.1f}", f"{row['speedup_vs_ar']:.2f}x", f"{row['mean_accepted']:.2f}",
+            "-" if ratio is None else f"{ratio:.2f}", "yes" if row["lossless"] else "NO",
+            f"{check['sequence_agreement']:.0%}", str(check["near_ties"]), str(check["real_mismatches"]),
+            notes]  # fmt: skip
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -340,16 +344,14 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     for pair_id, entry in report["pairs"].items():
+        rows = entry["float32"]["rows"]
+        body = [_table_row(name, row, entry["bfloat16"]["rows"][name]) for name, row in rows.items()]
         lines += [
             f"## {pair_id}",
             "",
-            "| policy | tok/s | speedup | A | priced/measured | fp32 lossless "
-            "| bf16 identical | bf16 near-ties | bf16 real mismatches | note |",
-            "|---" * 10 + "|",
+            tabulate(body, TABLE_HEAD, tablefmt="github", disable_numparse=True),
+            "",
         ]
-        rows = entry["float32"]["rows"]
-        lines += [_table_row(name, row, entry["bfloat16"]["rows"][name]) for name, row in rows.items()]
-        lines.append("")
     if "profile" in report:
         p, b = report["profile"], report["budget_choice"]
         n, ms = p["verify_points"][-1]

@@ -7,7 +7,6 @@ cut from this Python's standard library (no network: the data stage's downloads 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -67,7 +66,7 @@ def zoo_subset(params: Params, pairs: list[str]) -> ZooParams:
                 todo.append(dep)
     models = {n: s for n, s in params.zoo.models.items() if n in wanted}
     blocks = {n: s for n, s in params.zoo.block_drafters.items() if n in drafters}
-    return dataclasses.replace(params.zoo, models=models, block_drafters=blocks)
+    return params.zoo.model_copy(update={"models": models, "block_drafters": blocks})
 
 
 def zoo_params(

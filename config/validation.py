@@ -1,16 +1,15 @@
-"""Value rules of params, declared on each dataclass field and checked in one place; strict YAML.
+"""What params values must be, as pydantic types, and how a failed check is reported; strict YAML.
 
-A field of a params section carries its rule as ``dataclasses.field`` metadata, written with
-:func:`rule` (``depth: int = rule(ge=1)``). :func:`field_problems` checks one parsed value against
-its field's rule and returns every reason it fails, so the parser can report all bad keys at once.
-A field with no rule still gets the defaults every params value obeys:
+A params section is a :class:`Section`: a frozen pydantic model that refuses unknown keys and
+coerces nothing. Its fields state their rules in their types: pydantic's ``PositiveInt`` and
+``NonNegativeInt``, ``Field(ge=...)``, ``Literal`` choices, and the types below for what recurs
+(finite non-negative reals, a sha256, a schedule's bits, an output folder that stays inside the
+project: see :func:`outside_problem`). Every number declares its range and every output folder is an
+:data:`OutputPath` (tests/test_params_validation.py walks the sections to hold that).
 
-- numbers (int and float, never bool) are finite and >= 0;
-- a field named ``out_dir`` or ending in ``_dir`` is an output folder and must stay inside the
-  project (see :func:`outside_problem`).
-
-:func:`load_yaml` reads a params file with PyYAML's safe loader, refusing duplicate keys (PyYAML
-keeps the last one silently) with their line numbers.
+:func:`model_problems` turns pydantic's errors into one :class:`ParamsError` line per bad key, named
+by its dotted path. :func:`load_yaml` reads a params file with PyYAML's safe loader, refusing
+duplicate keys (PyYAML keeps the last one silently) with their line numbers: no library says that.
 
 This module knows nothing of the sections themselves (config/params.py declares them) and imports
 nothing of the project.
@@ -18,18 +17,15 @@ nothing of the project.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
-import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-RULE_KEY = "params_rule"  # the dataclasses.field metadata key holding a field's Rule
+ROOT = Path(__file__).resolve().parent.parent
 SHA256 = r"[0-9a-f]{64}"  # as hashlib's hexdigest() writes it (consumers compare it verbatim)
 BITS = r"[01]+"  # a fixed schedule: one bit per drafting step
 
@@ -37,8 +33,8 @@ BITS = r"[01]+"  # a fixed schedule: one bit per drafting step
 class ParamsError(ValueError):
     """params.yaml (or a profile) does not match the declared sections.
 
-    ``problems`` holds one line per bad key (``params.tree.depth: must be >= 1, got -3``); the
-    message lists them all, so one run names every mistake.
+    ``problems`` holds one line per bad key (``params.tree.depth: Input should be greater than 0,
+    got -3``); the message lists them all, so one run names every mistake.
     """
 
     def __init__(self, *problems: str) -> None:
@@ -52,38 +48,23 @@ class ParamsError(ValueError):
         return f"{len(self.problems)} invalid params:\n{lines}"
 
 
-@dataclass(frozen=True)
-class Rule:
-    """What a params value must satisfy beyond its type. On a list field it applies to each item
-    (nested lists included); ``nonempty`` applies to the list (or string) itself."""
+class Section(BaseModel):
+    """A params section: frozen, unknown keys refused, nothing coerced (params are checked in
+    pydantic's strict JSON mode: ``"5"`` is not 5, ``true`` is not 1, a list is a tuple)."""
 
-    ge: float | None = None
-    gt: float | None = None
-    choices: tuple[str, ...] = ()
-    pattern: str = ""  # the whole string must match
-    inside: bool = False  # an output path: stays inside the project (if absolute, or the temp folder)
-    allow_inf: bool = False
-    nonempty: bool = False
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
-NUMBER = Rule(ge=0)
-OUTPUT_PATH = Rule(inside=True, nonempty=True)
-
-
-def rule(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
-    """A dataclass field (with ``default`` if given) carrying the value rule ``Rule(**kwargs)``."""
-    metadata = {RULE_KEY: Rule(**kwargs)}
-    if default is dataclasses.MISSING:
-        return dataclasses.field(metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def rule_of(f: dataclasses.Field[Any]) -> Rule | None:
-    """The field's declared rule, else the default for output folders; numbers get NUMBER later."""
-    declared = f.metadata.get(RULE_KEY)
-    if declared is not None:
-        return declared
-    return OUTPUT_PATH if f.name == "out_dir" or f.name.endswith("_dir") else None
+def model_problems(err: ValidationError, where: str) -> list[str]:
+    """One line per problem pydantic found, named by its dotted key (``params.tree.depth: Input
+    should be greater than 0, got -3``)."""
+    out = []
+    for e in err.errors(include_url=False):
+        key = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        why = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
+        got = "" if e["type"] == "missing" else f", got {e['input']!r}"
+        out.append(f"{key}: {why}{got}")
+    return out
 
 
 def _allowed_roots(root: Path) -> tuple[Path, ...]:
@@ -113,39 +94,20 @@ def outside_problem(value: str, root: Path) -> str | None:
     return f"must stay inside the project {root} (or the temp folder {roots[1]}), resolves to {target}"
 
 
-def _scalar_problems(r: Rule, value: Any, root: Path) -> list[str]:
-    out: list[str] = []
-    if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not r.allow_inf)):
-        return ["must be a finite number"]
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if r.ge is not None and not value >= r.ge:
-            out.append(f"must be >= {r.ge:g}")
-        if r.gt is not None and not value > r.gt:
-            out.append(f"must be > {r.gt:g}")
-    if isinstance(value, str):
-        if r.nonempty and not value:
-            return ["must not be empty"]
-        if r.choices and value not in r.choices:
-            out.append(f"must be one of {list(r.choices)}")
-        if r.pattern and not re.fullmatch(r.pattern, value):
-            out.append(f"must match {r.pattern!r}")
-        if r.inside and (why := outside_problem(value, root)):
-            out.append(why)
-    return out
+def _inside_project(value: str) -> str:
+    if why := outside_problem(value, ROOT):
+        raise ValueError(why)
+    return value
 
 
-def field_problems(r: Rule | None, value: Any, where: str, root: Path) -> list[str]:
-    """Every way ``value`` (already of the field's type) breaks rule ``r``, each naming ``where``."""
-    if isinstance(value, tuple):
-        problems = [f"{where}: must not be empty"] if r is not None and r.nonempty and not value else []
-        for i, item in enumerate(value):
-            problems += field_problems(r, item, f"{where}[{i}]", root)
-        return problems
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        r = r or NUMBER
-    if r is None:
-        return []
-    return [f"{where}: {why}, got {value!r}" for why in _scalar_problems(r, value, root)]
+INSIDE_PROJECT = AfterValidator(_inside_project)
+# A folder or file a stage writes: not empty, inside the project (or the temp folder, if absolute).
+OutputPath = Annotated[str, Field(min_length=1), INSIDE_PROJECT]
+Real = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # a finite number >= 0
+PositiveReal = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Sha256 = Annotated[str, Field(pattern=f"^{SHA256}$")]
+Bits = Annotated[str, Field(pattern=f"^{BITS}$")]
+Names = Annotated[tuple[str, ...], Field(min_length=1)]  # e.g. pairs or datasets: at least one
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

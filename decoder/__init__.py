@@ -1,5 +1,5 @@
 """decoder: the runtime (no offline package). ``load_deployment`` loads a pair's deployment bundle
-(decoder/deploy/deployment.py: NumPy and safetensors only, no torch)."""
+(decoder/deploy/deployment.py: NumPy, safetensors and pydantic, no torch)."""
 
 from decoder.deploy.deployment import Deployment, DeploymentError, load_deployment
 

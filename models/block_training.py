@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -191,8 +191,8 @@ def fit_block_drafter(
     t1 = time.perf_counter()
     train_trace, held_out = trace_target(target, seqs, cfg.target_layers).split(spec.held_out)
     trace_s = time.perf_counter() - t1
-    res = train_block_drafter(target, cfg, train_trace, held_out, spec.steps,
-                              replace(train, batch_size=spec.batch_size, lr=spec.lr), spec.gamma)  # fmt: skip
+    per_spec = train.model_copy(update={"batch_size": spec.batch_size, "lr": spec.lr})
+    res = train_block_drafter(target, cfg, train_trace, held_out, spec.steps, per_spec, spec.gamma)
     info = {
         "target": spec.target,
         "k": cfg.k,

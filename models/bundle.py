@@ -15,13 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from decoder.deploy.bundle import INDEX_FILE, INDEX_SCHEMA, DeploymentError, is_pair_name
-from decoder.deploy.deployment import (
-    DEPLOYMENT_FILE,
-    PROFILE_FILE,
-    STUDENT_FILES,
-    load_deployment,
-    parse_record,
-)
+from decoder.deploy.deployment import DEPLOYMENT_FILE, PROFILE_FILE, STUDENT_FILES, load_deployment
+from decoder.deploy.record import parse_record
 from decoder.io.files import replace_atomically
 from models.checksums import seal_folder
 
@@ -45,7 +40,8 @@ def write_pair_bundle(folder: Path, record: Mapping[str, Any], student: Path, pr
     and checksums.json; return checksums.json's sha256. The folder is built beside its place and
     loaded back (every check of :func:`load_deployment`) before it is renamed into place, so a
     failure leaves no half-written or unloadable bundle."""
-    parse_record(json.loads(json.dumps(record)), folder / DEPLOYMENT_FILE)
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    parse_record(text.encode(), folder / DEPLOYMENT_FILE)
     sources = [student.with_suffix(".json"), student.with_suffix(".safetensors"), profile]
     tmp = folder.parent / f".{folder.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -53,7 +49,7 @@ def write_pair_bundle(folder: Path, record: Mapping[str, Any], student: Path, pr
     try:
         for src, name in zip(sources, (*STUDENT_FILES, PROFILE_FILE), strict=True):
             shutil.copyfile(src, tmp / name)
-        (tmp / DEPLOYMENT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        (tmp / DEPLOYMENT_FILE).write_text(text)
         seal_folder(tmp)
         digest = load_deployment(tmp).checksums_sha256  # beside its place: relative paths resolve alike
         if folder.exists():

@@ -40,7 +40,7 @@ def scaled_epochs(spec: StudentSpec, n_rows: int, reference_rows: int) -> Studen
     ``reference_rows`` rows get with ``train.epochs`` (at least one epoch): the large round-level
     set costs what the canonical one does."""
     epochs = max(1, round(spec.train.epochs * reference_rows / max(n_rows, 1)))
-    return replace(spec, train=replace(spec.train, epochs=epochs))
+    return replace(spec, train=spec.train.model_copy(update={"epochs": epochs}))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import logging
 import os
 import re
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from filelock import FileLock, Timeout
 
 from config.params import ROOT, Params, ParamsError, load_params, restrict
 
@@ -44,23 +44,35 @@ def lock_path(stage: str, params: Params) -> Path:
     return base / LOCK_DIR / f"{stage}.lock"
 
 
+def _write_pid(fd: int) -> None:
+    """filelock's on_acquired hook: the holder's pid, for the message a second run prints."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def _holder(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip() or "unknown"
+    except OSError:  # removed since the failed acquire
+        return "unknown"
+
+
 @contextlib.contextmanager
 def stage_lock(stage: str, path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` meanwhile, or raise StageBusyError naming the holder's
-    pid. The OS drops a flock when its process dies, so a killed run never leaves a stale lock."""
+    """Hold an exclusive file lock (filelock, flock on Unix) on ``path`` meanwhile, or raise
+    StageBusyError naming the holder's pid. The OS drops a flock when its process dies, so a killed
+    run never leaves a stale lock."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # flock only: filelock's soft fallback (a marker file) would outlive a killed run
+    lock = FileLock(path, timeout=0, fallback_to_soft=False, on_acquired=_write_pid)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise StageBusyError(f"stage {stage} is already running (pid {pid}); lock {path}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        lock.acquire()
+    except Timeout:
+        raise StageBusyError(f"stage {stage} is already running (pid {_holder(path)}); lock {path}") from None
+    try:
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 @cache

@@ -18,6 +18,7 @@ import math
 import time
 
 import polars as pl
+from tabulate import tabulate
 
 from collectors.collect.plan import load_registered_pair
 from config.params import Params, resolve
@@ -65,19 +66,16 @@ def fit_pair(params: Params, pair_id: str, edges: pl.DataFrame, rounds: pl.DataF
 
 
 def markdown(per_pair: dict[str, dict]) -> str:
-    lines = [
-        "| pair | B | A marginals | A TDES | mismatch marginals | mismatch TDES | AUC unary | AUC TDES |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for pair_id, m in per_pair.items():
-        for b, row in m["budgets"].items():
-            mar, tdes = row["marginal"], row["tdes"]
-            lines.append(
-                f"| {pair_id} | {b} | {mar['mean_accepted']:.3f} | {tdes['mean_accepted']:.3f} "
-                f"| {mar['mismatch_rate']:.3f} | {tdes['mismatch_rate']:.3f} "
-                f"| {m['auc_unary']:.3f} | {m['auc_tdes']:.3f} |"
-            )
-    return "\n".join(lines) + "\n"
+    head = ["pair", "B", "A marginals", "A TDES", "mismatch marginals", "mismatch TDES", "AUC unary",
+            "AUC TDES"]  # fmt: skip
+    body = [
+        [pair_id, str(b), f"{row['marginal']['mean_accepted']:.3f}", f"{row['tdes']['mean_accepted']:.3f}",
+         f"{row['marginal']['mismatch_rate']:.3f}", f"{row['tdes']['mismatch_rate']:.3f}",
+         f"{m['auc_unary']:.3f}", f"{m['auc_tdes']:.3f}"]
+        for pair_id, m in per_pair.items()
+        for b, row in m["budgets"].items()
+    ]  # fmt: skip
+    return tabulate(body, head, tablefmt="github", disable_numparse=True) + "\n"
 
 
 def summary(per_pair: dict[str, dict]) -> dict:

@@ -9,7 +9,6 @@ profile measured elsewhere (e.g. on a GPU) re-prices the same counts without rec
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -133,7 +132,7 @@ def main(params: Params) -> list[Path]:
         return load_pair(target, mid, spec.dtype, spec.device, spec.linear)
 
     with stage_run("profile", params):
-        paths = run_profile(params.profile, load, TreeConfig(**dataclasses.asdict(params.tree)))
+        paths = run_profile(params.profile, load, TreeConfig(**params.tree.model_dump()))
         spread = json.loads((resolve(params.profile.out_dir) / PASSES_FILE).read_text())
         worst = {
             f"pass_deviation_{name}": max(abs(r - 1.0) for v in rows.values() for r in v)

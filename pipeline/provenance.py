@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from config.params import ROOT, Params, resolve
+from config.params import ROOT, Params, plain, resolve
 from decoder.io.files import sha256_of_file
 from pipeline.cli import declared_params
 
@@ -38,9 +38,10 @@ class GitState:
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dataclasses/mappings -> {'a.b': value}; tuples become comma-joined strings."""
+    """Nested dataclasses/params sections/mappings -> {'a.b': value}; tuples become comma-joined strings."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         obj = dataclasses.asdict(obj)
+    obj = plain(obj)
     if isinstance(obj, Mapping):
         out: dict[str, Any] = {}
         for k, v in obj.items():

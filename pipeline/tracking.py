@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from config.params import ROOT, MlflowParams, Params, load_params, resolve
+from config.params import ROOT, MlflowParams, Params, load_params, plain, resolve
 from pipeline.headline import headline_metrics
 from pipeline.provenance import (
     GitState,
@@ -141,7 +141,7 @@ class PipelineIdentity:
 
 
 def pipeline_identity(overlay: str) -> PipelineIdentity:
-    full = dataclasses.asdict(load_params(profile=overlay))
+    full = plain(load_params(profile=overlay))
     values = flatten({k: v for k, v in full.items() if k not in UNTRACKED})
     p_hash, git = json_sha256(values), git_state()
     # Not the dirty diff: editing a file while a pipeline runs must not split its stages apart.

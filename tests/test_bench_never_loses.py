@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from conftest import noisy_copy, tiny_model, train_tokenizer
+from markdown_rows import md_tables
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_never_loses
@@ -46,7 +47,8 @@ def test_the_benchmark_reports_every_prompt_in_both_dtypes(tmp_path):
         assert all(r["paired_low"] <= r["paired_ratio"] <= r["paired_high"] for r in info["rows"])
         assert sum(info["paired_floor"].values()) == len(info["rows"])
     assert all(r["output"] == "identical" for r in report["dtypes"][0]["rows"])  # fp32 is exact
-    assert "| bench/coding 0 |" in out.with_suffix(".md").read_text()
+    tables = md_tables(out.with_suffix(".md").read_text())  # one per dtype
+    assert [[r[0] for r in t[1:]] for t in tables] == [["bench/coding 0", "bench/math 1"]] * 2
 
 
 def runs(*walls: float) -> list:

@@ -5,7 +5,6 @@ exactly as decoder/graft/block.py defines them."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +33,16 @@ from models.checksums import record_folder
 from models.lm_training import build_model, greedy_continuations, lm_loss, sample_windows, train_loop
 from models.tokenizer_training import train_tokenizer
 
-TRAIN = TrainParams(seq_len=64, batch_size=16, lr=0.004, warmup_steps=10, threads=1, corpus_chars=0)
+TRAIN = TrainParams(seq_len=64, batch_size=16, lr=0.004, warmup_steps=10, threads=1, corpus_chars=1)
 SPEC = BlockDrafterSpec(target="t", corpus=(), k=4, target_layers=2, context=16, layers=1, d_model=64,
                         heads=2, ffn=128, steps=250, batch_size=32, lr=0.003, gamma=7.0, sequences=64,
                         new_tokens=32, held_out=8)  # fmt: skip
+
+
+def spec(**shape: int) -> ModelSpec:
+    """An untrained zoo target of ``shape`` (layers, d_model, heads, ffn)."""
+    return ModelSpec(arch="qwen3", kv_heads=1, steps=0, teacher="", init_from="", distill_prompts=0,
+                     distill_new_tokens=0, corpus=(), **shape)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +52,7 @@ def tiny() -> dict:
     text = [p.read_text(encoding="utf-8", errors="replace")[:6000] for p in stdlib_files()[:60]]
     tok = train_tokenizer(text, 384, 2, "zoo")
     tokens = np.fromiter((t for d in text for t in tok.encode(d, add_special_tokens=False)), dtype=np.int32)
-    target = build_model(
-        ModelSpec("qwen3", 2, 64, 2, 1, 128, 0, "", "", 0, 0, ()), len(tok), tok.eos_token_id, 512
-    )
+    target = build_model(spec(layers=2, d_model=64, heads=2, ffn=128), len(tok), tok.eos_token_id, 512)
     rng = np.random.default_rng(0)
     train_loop(target, lambda _: sample_windows(tokens, 16, 64, rng), lm_loss, 150, TRAIN, "tiny target")
     target.eval().requires_grad_(False)
@@ -164,9 +167,7 @@ def test_edited_files_are_refused_naming_file_and_field(tiny: dict, tmp_path: Pa
 
 def test_a_drafter_for_another_target_is_refused(tiny: dict, tmp_path: Path) -> None:
     save_block_drafter(tiny["net"], tmp_path / "bd")
-    other = build_model(
-        ModelSpec("qwen3", 2, 32, 2, 1, 64, 0, "", "", 0, 0, ()), tiny["net"].cfg.vocab_size, 0, 64
-    )
+    other = build_model(spec(layers=2, d_model=32, heads=2, ffn=64), tiny["net"].cfg.vocab_size, 0, 64)
     with pytest.raises(BlockDrafterError, match=r"field 'target_hidden' is 64, the target has 32"):
         load_block_drafter(tmp_path / "bd", other)
     with pytest.raises(BlockDrafterError, match=rf"nothing/{CONFIG_NAME}: missing"):
@@ -176,7 +177,7 @@ def test_a_drafter_for_another_target_is_refused(tiny: dict, tmp_path: Path) -> 
 def test_training_leaves_the_target_untouched(tiny: dict) -> None:
     target = tiny["target"]
     before = {k: v.clone() for k, v in target.state_dict().items()}
-    fit_block_drafter(replace(SPEC, steps=3, sequences=8, held_out=2), target, target,
+    fit_block_drafter(SPEC.model_copy(update={"steps": 3, "sequences": 8, "held_out": 2}), target, target,
                       tiny["fresh_prompts"], tiny["tokens"], TRAIN, seed=2)  # fmt: skip
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
     assert not any(p.requires_grad for p in target.parameters())

@@ -141,7 +141,7 @@ def test_a_bad_user_question_file_fails_naming_its_line(tmp_path: Path, line: st
 
 def test_questions_must_sit_under_the_prompts_folder_dvc_tracks() -> None:
     assert load_params(profile="my-pair").data.questions == "prompts/my_prompts.jsonl"
-    with pytest.raises(ParamsError, match=r"params\.data\.questions: must match"):
+    with pytest.raises(ParamsError, match=r"params\.data\.questions: String should match pattern"):
         load_params(profile="smoke", overrides={"data": {"questions": "artifacts/data/q.jsonl"}})
     shipped = load_questions(ROOT / load_params(profile="my-pair").data.questions)
     assert len(shipped) == 12 and len({q.category for q in shipped}) == 3

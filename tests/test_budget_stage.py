@@ -144,10 +144,8 @@ def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace
     pair = load_registered_pair(params, "tiny")
     (spec,) = budget_specs(params, "tiny")
     (prompt,) = report_questions(params, spec, pair.tokenizer)[1]
-    narrow = replace(
-        params,
-        tree=replace(params.tree, width=entry["width"], topk=entry["topk"], ngram_min_n=entry["ngram_min_n"]),
-    )
+    shape = {"width": entry["width"], "topk": entry["topk"], "ngram_min_n": entry["ngram_min_n"]}
+    narrow = params.model_copy(update={"tree": params.tree.model_copy(update=shape)})
     rule = pair_round_budget(params, "tiny")
     assert plain_speedup(narrow, prompt, entry["budget"], rule) == pytest.approx(
         entry["speedup_at_budget"], rel=1e-9
@@ -161,7 +159,7 @@ def test_tree_shapes_are_swept_and_the_best_priced_one_is_decoded_with(workspace
 @pytest.mark.parametrize("shapes", [[[2]], [[0, 2]], [[2, 2, 6]], [[2, 2, 0]], [[2, 2, 2, 2]]])
 def test_a_malformed_tree_shape_is_refused(workspace, shapes) -> None:
     # a zero is refused when params load (ranges), a wrong length by the stage: both name the key
-    refused = r"budget\.shapes(: each entry is \[width, topk\]|\[0\]\[\d\]: must be >= 1)"
+    refused = r"budget\.shapes(: each entry is \[width, topk\]|\[0\]\[\d\]: Input should be greater than 0)"
     with pytest.raises(ValueError, match=refused):
         run_budget(budget_params(workspace, name="bad-shape", shapes=shapes))
 
@@ -169,7 +167,7 @@ def test_a_malformed_tree_shape_is_refused(workspace, shapes) -> None:
 @pytest.mark.parametrize("schedule", ["1010", "10102", "101010"])
 def test_a_malformed_mixed_schedule_is_refused(workspace, schedule) -> None:
     # a non-bit is refused when params load, a wrong length by the stage: both name the key
-    refused = r"budget\.schedules(: each entry is a string of 5 bits|\[0\]: must match)"
+    refused = r"budget\.schedules(: each entry is a string of 5 bits|\[0\]: String should match pattern)"
     with pytest.raises(ValueError, match=refused):
         run_budget(budget_params(workspace, name="bad-schedule", schedules=[schedule]))
 
@@ -257,5 +255,7 @@ def test_prompts_reaching_the_evaluate_slice_are_refused(workspace) -> None:
 
 
 def test_unknown_mode_is_refused(workspace) -> None:
-    with pytest.raises(ValueError, match=r"budget\.mode:? must be one of"):
+    with pytest.raises(
+        ValueError, match=r"budget\.mode(: Input should be 'measured' or 'fixed'| must be one of)"
+    ):
         run_budget(budget_params(workspace, name="bad", mode="learned"))

@@ -183,7 +183,10 @@ def test_interrupt_between_reports_resumes_with_only_the_unfinished_one(workspac
     [
         ({"pairs": ["nope"]}, "unknown pair"),
         ({"datasets": ["code", "missing"]}, "unknown dataset"),
-        ({"backend": "spark"}, r"collect\.backend: must be one of"),  # refused when params load
+        (
+            {"backend": "spark"},
+            r"collect\.backend: Input should be 'local' or 'ray'",
+        ),  # refused when params load
     ],
 )
 def test_bad_names_fail_before_any_work(workspace, change, message):

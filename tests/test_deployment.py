@@ -201,11 +201,11 @@ TAMPER = {
     ),
     "removed field": (
         lambda r: _edit_json(r / "tiny" / DEPLOYMENT_FILE, _drop_runtime),
-        True, r"tiny/deployment.json: missing field 'runtime'",
+        True, r"tiny/deployment.json: field 'runtime': Field required",
     ),
     "value out of range": (
         lambda r: _edit_json(r / "tiny" / DEPLOYMENT_FILE, lambda d: d["tree"].update(budget=0)),
-        True, r"tiny/deployment.json: field 'tree' TreeConfig.budget must be positive",
+        True, r"tiny/deployment.json: field 'tree': TreeConfig.budget must be positive",
     ),
     "threshold not the offset's": (
         lambda r: _edit_json(r / "tiny" / DEPLOYMENT_FILE, lambda d: d["decision"].update(threshold=3.0)),
@@ -306,7 +306,7 @@ def test_pinned_digest_and_pair_choice(bundle, student, tmp_path):
 
 def test_a_bundle_that_fails_its_checks_is_not_written(tmp_path, student):
     bad = record(student, {**shifted(student, -0.5), "deploys": "student:9.00"})
-    with pytest.raises(decoder.DeploymentError, match=r"field 'decision' deploys 'student:9\.00'"):
+    with pytest.raises(decoder.DeploymentError, match=r"field 'decision': deploys 'student:9\.00'"):
         write_pair_bundle(tmp_path / "b", bad, student.with_suffix(""), bundle_profile(student))
     assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b*"))
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-from dataclasses import replace
 
 import pytest
 import torch
@@ -60,7 +59,8 @@ def test_a_cuda_build_without_a_gpu_and_a_missing_index_say_so(monkeypatch) -> N
 def test_a_stage_refuses_a_cuda_pair_before_any_work(monkeypatch) -> None:
     params = load_params(profile="smoke")
     pair_id = next(iter(params.pairs))
-    cuda = replace(params, pairs={**params.pairs, pair_id: replace(params.pairs[pair_id], device="cuda")})
+    on_cuda = params.pairs[pair_id].model_copy(update={"device": "cuda"})
+    cuda = params.model_copy(update={"pairs": {**params.pairs, pair_id: on_cuda}})
     threads = []
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
     with pytest.raises(ValueError, match=rf"^pairs\.{pair_id}\.device: 'cuda' asks for CUDA.*CPU-only"):

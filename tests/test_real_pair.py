@@ -56,14 +56,14 @@ def test_real_pair_recipe_is_pinned() -> None:
 
 PARTS = [b"GGUF" + b"x" * 64, b"y" * 32]
 PACKAGES = (
-    PinnedPackage("chunk-a==1.0", hashlib.sha256(b"a").hexdigest()),
-    PinnedPackage("chunk-b==1.0", hashlib.sha256(b"b").hexdigest()),
+    PinnedPackage(requirement="chunk-a==1.0", sha256=hashlib.sha256(b"a").hexdigest()),
+    PinnedPackage(requirement="chunk-b==1.0", sha256=hashlib.sha256(b"b").hexdigest()),
 )
 
 
 def fake_spec(tmp_path: Path) -> ChunkedModel:
     digest = hashlib.sha256(b"".join(PARTS)).hexdigest()
-    return ChunkedModel(PACKAGES, digest, str(tmp_path / "real" / "model"))
+    return ChunkedModel(packages=PACKAGES, sha256=digest, out=str(tmp_path / "real" / "model"))
 
 
 def install_fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, convert) -> list[str]:

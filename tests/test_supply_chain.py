@@ -56,16 +56,18 @@ def local_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_pinned_wheel_downloads_and_a_wrong_hash_is_refused(local_index: Path, tmp_path: Path) -> None:
     good = hashlib.sha256((local_index / "fakepkg-1.0-py3-none-any.whl").read_bytes()).hexdigest()
     (tmp_path / "a").mkdir()
-    got = download(PinnedPackage("fakepkg==1.0", good), tmp_path / "a")
+    got = download(PinnedPackage(requirement="fakepkg==1.0", sha256=good), tmp_path / "a")
     assert got.name == "fakepkg-1.0-py3-none-any.whl"
     (tmp_path / "b").mkdir()
     with pytest.raises(PinError, match=r"^fakepkg==1\.0: .*does not match its pinned SHA-256: refused"):
-        download(PinnedPackage("fakepkg==1.0", "0" * 64), tmp_path / "b")
+        download(PinnedPackage(requirement="fakepkg==1.0", sha256="0" * 64), tmp_path / "b")
     assert not list((tmp_path / "b").iterdir())
 
 
 def test_malformed_pins_are_refused(tmp_path: Path) -> None:
-    for pin in (PinnedPackage("fakepkg", "0" * 64), PinnedPackage("fakepkg==1.0", "ABC")):
+    # params would refuse both (config/params.py); download() checks them again on its own
+    bad = [("fakepkg", "0" * 64), ("fakepkg==1.0", "ABC")]
+    for pin in (PinnedPackage.model_construct(requirement=r, sha256=h) for r, h in bad):
         with pytest.raises(PinError, match="need name==version and a 64-hex-digit sha256"):
             download(pin, tmp_path)
 
@@ -73,7 +75,7 @@ def test_malformed_pins_are_refused(tmp_path: Path) -> None:
 def test_a_file_that_differs_from_its_pin_is_deleted(tmp_path: Path) -> None:
     path = tmp_path / "x.whl"
     path.write_bytes(b"tampered")
-    pin = PinnedPackage("x==1", hashlib.sha256(b"original").hexdigest())
+    pin = PinnedPackage(requirement="x==1", sha256=hashlib.sha256(b"original").hexdigest())
     with pytest.raises(PinError, match=r"^x==1: x\.whl has SHA-256 [0-9a-f]{64}, pinned"):
         verify_sha256(path, pin)
     assert not path.exists()
@@ -93,7 +95,7 @@ def test_tampered_source_archive_is_refused(tmp_path: Path, monkeypatch: pytest.
         return io.BytesIO(served[url])
 
     monkeypatch.setattr(embedded_data.urllib.request, "urlopen", urlopen)
-    pin = PinnedPackage("some_pkg==2.0", hashlib.sha256(b"the real archive").hexdigest())
+    pin = PinnedPackage(requirement="some_pkg==2.0", sha256=hashlib.sha256(b"the real archive").hexdigest())
     path = fetch_sdist(pin, tmp_path, index="https://index.test/simple")
     assert path.read_bytes() == b"not the pinned archive"
     with pytest.raises(PinError, match=r"^some_pkg==2\.0: some_pkg-2\.0\.tar\.gz has SHA-256"):

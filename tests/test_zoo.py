@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,15 +158,17 @@ def test_training_is_deterministic(smoke_zoo: tuple[Path, dict], tmp_path: Path)
 
 def test_grown_model_computes_the_same_function() -> None:
     torch.manual_seed(0)
-    small = ModelSpec("qwen3", 2, 32, 2, 1, 64, 1, "", "", 0, 0, ())
-    big = ModelSpec("qwen3", 5, 32, 2, 1, 64, 1, "", "small", 0, 0, ())
+    shape = dict(arch="qwen3", d_model=32, heads=2, kv_heads=1, ffn=64, steps=1, teacher="", corpus=())
+    unused = dict(distill_prompts=0, distill_new_tokens=0)
+    small = ModelSpec(**shape, **unused, layers=2, init_from="")
+    big = ModelSpec(**shape, **unused, layers=5, init_from="small")
     src = build_model(small, 100, 0, 64).eval()
     grown = grow_model(src, big, 0).eval()
     ids = torch.randint(0, 100, (2, 12))
     with torch.no_grad():
         assert torch.allclose(src(input_ids=ids).logits, grown(input_ids=ids).logits, atol=1e-5)
     with pytest.raises(ValueError, match="keeps width"):
-        grow_model(src, ModelSpec("qwen3", 4, 64, 2, 1, 64, 1, "", "", 0, 0, ()), 0)
+        grow_model(src, small.model_copy(update={"layers": 4, "d_model": 64}), 0)
 
 
 def test_training_order_respects_dependencies() -> None:
@@ -237,12 +238,12 @@ def test_block_drafters_are_saved_and_load_onto_their_targets(smoke_zoo: tuple[P
 
 def test_block_drafter_targets_are_checked() -> None:
     zoo = load_params(profile="smoke").zoo
-    ghost = {"b": replace(zoo.block_drafters["block-m"], target="mid-s")}
+    ghost = {"b": zoo.block_drafters["block-m"].model_copy(update={"target": "mid-s"})}
     with pytest.raises(ValueError, match=r"zoo.block_drafters.b.target: 'mid-s' is not a zoo target"):
-        check_block_targets(replace(zoo, block_drafters=ghost))
+        check_block_targets(zoo.model_copy(update={"block_drafters": ghost}))
     taken = {"mid-s": zoo.block_drafters["block-m"]}
     with pytest.raises(ValueError, match=r"zoo.block_drafters.mid-s: the name is taken"):
-        check_block_targets(replace(zoo, block_drafters=taken))
+        check_block_targets(zoo.model_copy(update={"block_drafters": taken}))
 
 
 def test_every_zoo_folder_records_its_digests_and_loading_checks_them(

@@ -47,7 +47,7 @@ REPORT_CODE = ("collectors.collect.plan",)  # the modules whose import closure c
 
 def tree_config(tree: TreeParams) -> TreeConfig:
     """The decoder's TreeConfig for params.yaml's ``tree`` section (same fields)."""
-    return TreeConfig(**dataclasses.asdict(tree))
+    return TreeConfig(**tree.model_dump())
 
 
 def pair_tree(params: Params, pair_id: str) -> TreeConfig:

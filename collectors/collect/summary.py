@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import polars as pl
 import pyarrow as pa
+from tabulate import tabulate
 
 BOOTSTRAP_RESAMPLES = 1000
 
@@ -115,19 +116,15 @@ def summarise(trajectories: pa.Table, rounds: pa.Table, seed: int = 0) -> tuple[
     oracle = round_oracle(rounds)
     stability = best_stability(trajectories, seed)
     halves = half_split(trajectories)
-    lines = [
-        "| report | All-Small tok/s (A) | All-Mid tok/s (A) | best schedule | best tok/s (A) "
-        "| best / better end | best kept | half split | round oracle |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = ["report", "All-Small tok/s (A)", "All-Mid tok/s (A)", "best schedule", "best tok/s (A)",
+            "best / better end", "best kept", "half split", "round oracle"]  # fmt: skip
+    body = []
     for r in reports.iter_rows(named=True):
         orc = f"{oracle[r['report_id']]:.2f}x" if r["report_id"] in oracle else "-"
         half = f"{halves[r['report_id']]:.1%}" if r["report_id"] in halves else "-"
-        lines.append(
-            f"| {r['report_id']} | {_fmt(r, 'small')} | {_fmt(r, 'mid')} | {r['best_schedule']} "
-            f"| {_fmt(r, 'best')} | {r['gain']:.3f}x | {stability[r['report_id']]:.0%} | {half} | {orc} |"
-        )
-    lines.append("")
+        body.append([r["report_id"], _fmt(r, "small"), _fmt(r, "mid"), r["best_schedule"], _fmt(r, "best"),
+                     f"{r['gain']:.3f}x", f"{stability[r['report_id']]:.0%}", half, orc])  # fmt: skip
+    lines = [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
     lines.append(
         "tok/s are priced with the pair's latency profile; A = mean accepted drafted tokens per round. "
         f"Best kept: the share of {BOOTSTRAP_RESAMPLES} bootstrap resamples of the report's prompts "

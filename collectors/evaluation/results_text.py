@@ -6,6 +6,8 @@ and writes the pages. Kept apart so the wording can be tested without any artifa
 
 from __future__ import annotations
 
+from tabulate import tabulate
+
 from collectors.evaluation.eval_report import metric_prefix
 from collectors.evaluation.wall_agreement import AGREEMENT
 
@@ -20,38 +22,49 @@ def headline_table(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict | N
     against the clock (``wall_metrics``, the wall_check stage's, where given), then full GRAFT's
     mean speedup over autoregressive decoding."""
     priced = metric_prefix("priced_speedup", "deployed")
-    lines = [
-        "| held-back cells | deployed scheduler vs the better of All-Small and All-Mid, priced "
-        "| >= the best fixed schedule in hindsight |",
-        "|---|---|---|",
+    head = [
+        "held-back cells",
+        "deployed scheduler vs the better of All-Small and All-Mid, priced",
+        ">= the best fixed schedule in hindsight",
     ]
+    body = []
     for name, stats in sorted(ev_metrics.items()):
         if not name.startswith(priced):
             continue
         group = name.removeprefix(priced)
         best = stats.get("student_at_least_best_fixed")
-        lines.append(
-            f"| {group.replace('_', ' ')} ({stats['n_cells']}) | {_gain_words(stats)} "
-            f"| {'n/a' if best is None else f'{best:.0%}'} |"
+        body.append(
+            [
+                f"{group.replace('_', ' ')} ({stats['n_cells']})",
+                _gain_words(stats),
+                "n/a" if best is None else f"{best:.0%}",
+            ]
         )
-    if len(lines) == 2:
+    if not body:
         raise ValueError("evaluate metrics.json: no deployed.priced_speedup.* groups")
     stage = (wall_metrics or {}).get("summary", {}).get("stage")
     if stage:
-        lines.append(
-            f"| pricing vs the clock (`wall_check`, {stage['rows']} pair x policy) | priced / measured "
-            f"median {stage['median']:.2f} ({stage['min']:.2f}-{stage['max']:.2f}); 95% interval within "
-            f"{AGREEMENT[0]:.2f}-{AGREEMENT[1]:.2f} on {stage['within']} of {stage['rows']} | |"
+        body.append(
+            [
+                f"pricing vs the clock (`wall_check`, {stage['rows']} pair x policy)",
+                f"priced / measured median {stage['median']:.2f} ({stage['min']:.2f}-{stage['max']:.2f}); "
+                f"95% interval within {AGREEMENT[0]:.2f}-{AGREEMENT[1]:.2f} "
+                f"on {stage['within']} of {stage['rows']}",
+                "",
+            ]
         )
     means = graft_metrics["mean_speedup"]
     walls = graft_metrics.get("mean_wall_speedup", {})
     wall_full = f", {walls['full']:.2f}x wall clock" if "full" in walls else ""
-    lines.append(
-        f"| GRAFT, block drafters ({graft_metrics['n_cells']}) | full GRAFT {means['full']:.2f}x over "
-        f"autoregressive decoding{wall_full}; DDTree at its best B in hindsight {means['hindsight']:.2f}x "
-        f"| {graft_metrics['full_graft_at_least_hindsight']:.0%} (vs DDTree's best B) |"
+    body.append(
+        [
+            f"GRAFT, block drafters ({graft_metrics['n_cells']})",
+            f"full GRAFT {means['full']:.2f}x over autoregressive decoding{wall_full}; "
+            f"DDTree at its best B in hindsight {means['hindsight']:.2f}x",
+            f"{graft_metrics['full_graft_at_least_hindsight']:.0%} (vs DDTree's best B)",
+        ]
     )
-    return "\n".join(lines)
+    return tabulate(body, head, tablefmt="github", disable_numparse=True)
 
 
 def half_split_line(metrics: dict, prompts: int) -> str:
@@ -145,18 +158,22 @@ def yes(ok: bool) -> str:
 def student_table(cells: list[dict], main: list[dict]) -> str:
     """TreeGraft's student (evaluate stage, its own prompt count) beside GRAFT on the same cells."""
     student = {(r["pair_id"], r["dataset_id"]): r for r in main if r.get("method") == "student"}
-    lines = [
-        "| pair | dataset | TreeGraft student (evaluate) | GRAFT (SABA) | full GRAFT (learned B) "
-        "| DDTree, best B in hindsight |",
-        "|---|---|---|---|---|---|",
+    head = [
+        "pair",
+        "dataset",
+        "TreeGraft student (evaluate)",
+        "GRAFT (SABA)",
+        "full GRAFT (learned B)",
+        "DDTree, best B in hindsight",
     ]
+    body = []
     for c in cells:
         s = student.get((c["pair_id"], c["dataset_id"]))
         tg = "n/a" if s is None else f"{s['priced_speedup']:.2f}x (A {s['mean_accepted_length']:.2f})"
         rows = [c["rows"][k] for k in ("graft", "full", "hindsight")]
-        cols = " | ".join(f"{r['speedup']:.2f}x (A {r['mean_accepted']:.2f})" for r in rows)
-        lines.append(f"| {c['pair_id']} | {c['dataset_id']} | {tg} | {cols} |")
-    return "\n".join(lines)
+        cols = [f"{r['speedup']:.2f}x (A {r['mean_accepted']:.2f})" for r in rows]
+        body.append([c["pair_id"], c["dataset_id"], tg, *cols])
+    return tabulate(body, head, tablefmt="github", disable_numparse=True)
 
 
 def _offset_or_name(method: str) -> str:

@@ -27,8 +27,9 @@ from pathlib import Path
 INDEX_FILE = "index.json"
 CHECKSUMS_FILE = "checksums.json"
 INDEX_SCHEMA = "treegraft-deployment-index/1"
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+HEX64 = r"[0-9a-f]{64}"  # a sha256 as hexdigest() writes it
+PAIR_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a folder name: no separators, no leading dot
+_HEX64, _NAME = re.compile(HEX64), re.compile(PAIR_NAME)
 
 
 class DeploymentError(ValueError):
