@@ -1,15 +1,16 @@
 """DVC stage ``deploy``: one deployment bundle per evaluated pair, what the decoder loads and runs.
 
 The pair check decides what each pair deploys: the exported student at every threshold of
-THRESHOLD_OFFSETS against All-Small and All-Mid, replayed and priced on the pair's calibration
-prompts (the collect.prompts_per_report questions right after the collect slice, of every fitting
-dataset: no training state came from them, and they end before evaluate's held-back prompts), the
-fastest threshold where it beats the better endpoint, that endpoint otherwise
-(collectors.evaluation.priced_eval.pair_check). The endpoints and the prompts' continuations come
-priced from the evaluate_fixed stage (calibration.json); only the students are replayed here.
-Thresholds are tried in order of preference, the exported one first, then by distance from it; a
-later one must price more than NEAR_TIE (1%) faster to be chosen, so a near-tie on the calibration
-prompts keeps the threshold the student was fit at.
+THRESHOLD_OFFSETS, All-Small and All-Mid, replayed and priced on the pair's calibration prompts
+(the collect.prompts_per_report questions right after the collect slice, of every fitting dataset:
+no training state came from them, and they end before evaluate's held-back prompts). In a stated
+order of preference, the student at its exported threshold first, then its other thresholds by
+distance from it, then the endpoints: the preferred option is kept unless another prices faster
+by more than its paired 95% interval over those prompts (collectors/evaluation/pair_check.py), so a
+near-tie never flips the choice. The same rule picks the online adaptive rule's thresholds among
+decoder.core.adaptive.GRID, its defaults preferred: the baseline evaluate sets beside the student.
+The endpoints and the prompts' continuations come priced from the evaluate_fixed stage
+(calibration.json); only the students and the adaptive variants are replayed here.
 Writes ``<deploy.out_dir>/<pair>/`` per pair (the student, deployment.json with the decision, the
 pair's tree from the budget stage, the runtime costs from its profile, the models, provenance;
 checksums.json: decoder/deploy/deployment.py) and ``<deploy.out_dir>/index.json`` with each pair's
@@ -22,16 +23,19 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from collectors.collect.plan import digest_folder, pair_tree, profile_for, profile_path, tree_config
 from collectors.evaluation.deployed import check_registered
 from collectors.evaluation.fixed_cells import calibration_path, read_fixed
-from collectors.evaluation.priced_eval import NEAR_TIE, pair_check
+from collectors.evaluation.pair_check import choose, pair_check
+from collectors.evaluation.priced_eval import ENDPOINTS
 from collectors.evaluation.priced_tasks import calibration_range, decode_config, priced_cells
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, resolve
+from decoder.core.adaptive import GRID, AdaptiveTiers, parse_adaptive
 from decoder.deploy.bundle import is_pair_name
 from decoder.deploy.deployment import (
     FALLBACKS,
@@ -40,6 +44,7 @@ from decoder.deploy.deployment import (
     variant_name,
 )
 from decoder.deploy.latency import LatencyProfile
+from decoder.deploy.record import SCHEMA_VERSION
 from decoder.deploy.runtime_costs import runtime_costs
 from decoder.deploy.scheduler import LearnedScheduler, read_artifact
 from decoder.io.files import sha256_of_file
@@ -55,9 +60,10 @@ log = logging.getLogger(__name__)
 
 
 def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dict[str, dict]:
-    """Per evaluated pair, what it deploys (module docstring): {"deploys", "prompts", "speedup"}.
-    The endpoints come priced from the evaluate_fixed stage (no best fixed schedule in hindsight);
-    the students are replayed here from its continuations."""
+    """Per evaluated pair, what it deploys and the adaptive rule's thresholds (module docstring):
+    collectors.evaluation.pair_check.pair_check's record with "adaptive" added. The endpoints come
+    priced from the evaluate_fixed stage (no best fixed schedule in hindsight); the students and the
+    adaptive variants are replayed here from its continuations."""
     cfg = params.evaluate
     datasets = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
     cells = [(p, d) for p in cfg.pairs for d in datasets]
@@ -65,14 +71,19 @@ def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dic
         params.collect.prompt_start, params.collect.prompts_per_report, cfg.prompt_start
     )
     parts, _ = read_fixed(calibration_path(resolve(cfg.out_dir)), cells)  # the endpoints, priced
+    adaptive = {t.name: AdaptiveTiers(t) for t in GRID}
     with tqdm(total=len(cells) * prompts[1], desc="deploy (pair check)", unit="prompt") as bar:
-        priced = priced_cells(params, cells, students, {}, bar.update, prompts, False, parts)
+        priced = priced_cells(params, cells, {**students, **adaptive}, {}, bar.update, prompts, False, parts)
     out = {}
     for pair_id in cfg.pairs:
         cells_of_pair = [priced[(pair_id, d)] for d in datasets]
-        out[pair_id] = pair_check(cells_of_pair, preference_order(students), NEAR_TIE)
-        log.info("%s: the pair check deploys %s (%s)", pair_id, out[pair_id]["deploys"],
-                 ", ".join(f"{m} {v:.3f}x" for m, v in out[pair_id]["speedup"].items()))  # fmt: skip
+        check = pair_check(cells_of_pair, (*preference_order(students), *ENDPOINTS))
+        chosen, paired = choose(cells_of_pair, [t.name for t in GRID])
+        check["adaptive"] = {"chosen": chosen, "paired": {n: list(v) for n, v in paired.items()}}
+        out[pair_id] = check
+        point, low, high = check["margin"]
+        log.info("%s: the pair check deploys %s (%.3fx [%.3f, %.3f] against %s); adaptive %s", pair_id,
+                 check["deploys"], point, low, high, check["preferred"], chosen)  # fmt: skip
     return out
 
 
@@ -82,17 +93,23 @@ def preference_order(students: Mapping[str, LearnedScheduler]) -> tuple[str, ...
     return tuple(sorted(students, key=lambda name: (abs(offset[name]), offset[name])))
 
 
-def decision_of(check: Mapping[str, object], students: Mapping[str, LearnedScheduler]) -> dict[str, object]:
-    """The pair check's result as deployment.json's ``decision``: the threshold offset and the
-    threshold it decodes at for a student, both null for a fallback."""
+def decision_of(check: Mapping[str, Any], students: Mapping[str, LearnedScheduler]) -> dict[str, object]:
+    """The pair check's result as deployment.json's ``decision`` (decoder/deploy/record.py): the
+    threshold offset and the threshold it decodes at for a student, both null for a fallback; the
+    paired margins; the adaptive rule's chosen thresholds."""
     deploys = str(check["deploys"])
     if deploys in FALLBACKS:
         offset, threshold = None, None
     else:
         offset = next(o for o in THRESHOLD_OFFSETS if variant_name(o) == deploys)
         threshold = students[deploys].threshold
-    return {"deploys": deploys, "threshold_offset": offset, "threshold": threshold,
-            "prompts": check["prompts"], "speedup": dict(check["speedup"])}  # fmt: skip
+    rule = parse_adaptive(check["adaptive"]["chosen"])
+    adaptive = {"margin": rule.margin, "probe": rule.probe, "paired": dict(check["adaptive"]["paired"])}
+    return {
+        "deploys": deploys, "threshold_offset": offset, "threshold": threshold, "prompts": check["prompts"],
+        "speedup": dict(check["speedup"]), "preferred": check["preferred"], "paired": dict(check["paired"]),
+        "margin": list(check["margin"]), "adaptive": adaptive,
+    }  # fmt: skip
 
 
 def _relative(path: Path, folder: Path) -> str:
@@ -123,7 +140,7 @@ def pair_record(
         **({"budgets.json": sha256_of_file(budgets_path(params))} if params.budget.mode != "fixed" else {}),
     }
     return {
-        "schema_version": "treegraft-deployment/1",
+        "schema_version": SCHEMA_VERSION,
         "pair_id": pair_id,
         "decision": dict(decision),
         "tree": tree_record(tree),

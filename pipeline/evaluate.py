@@ -40,6 +40,7 @@ from collectors.evaluation.fixed_cells import fixed_path, read_fixed
 from collectors.evaluation.priced_eval import ENDPOINTS, PricedCell, fastest, pooled_speedups
 from collectors.evaluation.priced_tasks import priced_cells
 from config.params import Params, resolve
+from decoder.core.adaptive import GRID, AdaptiveTiers
 from decoder.deploy.deployment import Deployment
 from decoder.deploy.scheduler import LearnedScheduler
 from models.offline import THRESHOLD_OFFSETS
@@ -64,7 +65,8 @@ def evaluate_rows(
     only the rows of ``policies``, the fixed methods and ``deployed`` are returned, the last a copy
     of the row of the method its pair's bundle deploys (``deployments``), with ``deployed_as``."""
     cfg = params.evaluate
-    extra = {n: p for n, p in students.items() if n not in policies}
+    adaptive = {t.name: AdaptiveTiers(t) for t in GRID}  # every variant: the pairs chose different ones
+    extra = {n: p for n, p in {**students, **adaptive}.items() if n not in policies}
     with tqdm(total=len(cells) * cfg.prompts_per_cell, desc="evaluate (policy replay)", unit="prompt") as bar:
         priced_by_cell = priced_cells(
             params, cells, {**policies, **extra}, {}, bar.update, hindsight=False, fixed_parts=fixed_parts
@@ -73,8 +75,8 @@ def evaluate_rows(
     for pair_id, dataset in cells:
         priced = priced_by_cell[(pair_id, dataset)]
         log.info("%s %s: best fixed schedule in hindsight %s", pair_id, dataset, priced.best_fixed)
-        deploys = deployments[pair_id].decision["deploys"]
-        for row in cell_rows(priced, cfg.bootstrap, deploys, drop=tuple(extra)):
+        deploys, chosen = deployments[pair_id].decision["deploys"], deployments[pair_id].adaptive.name
+        for row in cell_rows(priced, cfg.bootstrap, deploys, drop=tuple(extra), adaptive=chosen):
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
                        is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
             rows.append(row)

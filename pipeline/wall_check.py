@@ -26,6 +26,7 @@ import logging
 from tqdm import tqdm
 
 from collectors.evaluation.deployed import check_registered, deployed_variants, load_evaluated
+from collectors.evaluation.eval_report import ADAPTIVE
 from collectors.evaluation.wall_agreement import agreement_summary, agreement_table, mark_rows
 from collectors.evaluation.wall_decode import check_pair, wall_methods
 from collectors.pricing.profile_passes import save_profile
@@ -52,12 +53,17 @@ def main(params: Params) -> dict:
     with stage_run("wall_check", params):
         loaded = load_evaluated(params, pairs, THRESHOLD_OFFSETS)
         policies, deployments = loaded.learned, loaded.deployments
-        wall_methods(cfg.methods, policies, params.tree.depth)  # a bad name fails here, before any decode
+        # the online adaptive rule, at the thresholds each pair's check chose (its own object per decode)
+        adaptive = {p: {ADAPTIVE: d.adaptive.name} for p, d in deployments.items()}
+        wall_methods(
+            cfg.methods, {**policies, ADAPTIVE: ADAPTIVE}, params.tree.depth
+        )  # a bad name fails here
         shifted = deployed_variants(deployments)
         rows, drift, lossless = [], {}, {}
         for pair_id in tqdm(pairs, desc="wall_check", unit="pair"):
             names = [*cfg.methods, *shifted.get(pair_id, {})]
-            checked = check_pair(params, pair_id, names, {**policies, **shifted.get(pair_id, {})}, repeats)
+            learned = {**policies, **adaptive[pair_id], **shifted.get(pair_id, {})}
+            checked = check_pair(params, pair_id, names, learned, repeats)
             rows += checked.rows
             drift[pair_id], lossless[pair_id] = checked.drift, checked.lossless
             save_profile(checked.beside, out / "profiles" / f"{pair_id}.json")

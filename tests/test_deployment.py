@@ -20,10 +20,12 @@ from test_switch_off import profile as hand_profile
 
 import decoder
 from collectors.pricing.profile_passes import save_profile
+from decoder.core.adaptive import GRID
 from decoder.core.config import TreeConfig
 from decoder.deploy.artifact import read_artifact
 from decoder.deploy.bundle import CHECKSUMS_FILE, INDEX_FILE
 from decoder.deploy.deployment import DEPLOYMENT_FILE, tree_record
+from decoder.deploy.record import SCHEMA_VERSION
 from decoder.deploy.scheduler import LearnedScheduler, check_features
 from decoder.deploy.switch_off import SwitchOff, for_deployment
 from decoder.generate import generate
@@ -50,7 +52,7 @@ def bundle_profile(student: Path) -> Path:
 def record(student: Path, decision: dict, tree: TreeConfig = TREE, models: dict | None = None) -> dict:
     """A deployment.json for the student at ``student`` (its .json) and ``decision``."""
     return {
-        "schema_version": "treegraft-deployment/1",
+        "schema_version": SCHEMA_VERSION,
         "pair_id": "tiny",
         "decision": decision,
         "tree": tree_record(tree),
@@ -71,11 +73,18 @@ def record(student: Path, decision: dict, tree: TreeConfig = TREE, models: dict 
     }
 
 
+def checked(deploys: str) -> dict:
+    """The pair check's fields beside the choice (decoder/deploy/record.py Decision)."""
+    paired = {"student": [1.0, 1.0, 1.0], deploys: [1.1, 1.02, 1.2]}
+    adaptive = {"margin": 0.05, "probe": 8, "paired": {"adaptive:0.05:8": [1.0, 1.0, 1.0]}}
+    return {"preferred": "student", "paired": paired, "margin": paired[deploys], "adaptive": adaptive}
+
+
 def shifted(student: Path, offset: float) -> dict:
     base = float(read_artifact(student, "student").manifest["threshold"])
     name = "student" if offset == 0 else f"student:{offset:.2f}"
     return {"deploys": name, "threshold_offset": offset, "threshold": base + offset, "prompts": 6,
-            "speedup": {"all-small": 1.2, "all-mid": 1.1, name: 1.3}}  # fmt: skip
+            "speedup": {"all-small": 1.2, "all-mid": 1.1, name: 1.3}, **checked(name)}  # fmt: skip
 
 
 @pytest.fixture
@@ -145,8 +154,9 @@ def test_switch_off_wraps_the_deployed_policy_priced_with_the_bundles_profile(bu
 
 
 def test_a_fallback_decodes_its_fixed_schedule(tmp_path, student):
+    speedup = {"all-small": 1.2, "all-mid": 1.1, "student": 1.0}
     decision = {"deploys": "all-small", "threshold_offset": None, "threshold": None, "prompts": 6,
-                "speedup": {"all-small": 1.2, "all-mid": 1.1, "student": 1.0}}  # fmt: skip
+                "speedup": speedup, **checked("all-small")}  # fmt: skip
     write_pair_bundle(
         tmp_path / "b", record(student, decision), student.with_suffix(""), bundle_profile(student)
     )
@@ -313,7 +323,8 @@ def test_a_bundle_that_fails_its_checks_is_not_written(tmp_path, student):
 
 def test_the_stored_decision_is_what_pair_checks_computes(tmp_path, student, monkeypatch):
     """pair_checks on priced calibration cells (stubbed), then decision_of into the bundle: the loaded
-    bundle deploys the check's choice at its offset, with the check's speedups and prompt count."""
+    bundle deploys the check's choice at its offset, with the check's speedups, prompt count, paired
+    margins and the adaptive rule's chosen thresholds."""
     students = deploy.threshold_variants(student, 5, 10, THRESHOLD_OFFSETS)
     ends = {"all-small": [100.0, 100.0], "all-mid": [80.0, 80.0]}
     by_pair = {  # p: a shifted threshold beats All-Mid; q: no threshold does (All-Mid deployed)
@@ -328,7 +339,9 @@ def test_the_stored_decision_is_what_pair_checks_computes(tmp_path, student, mon
     def priced(params, cells, policies, fixed, progress, prompts, hindsight, parts):
         assert prompts == (6, 6) and fixed == {} and not hindsight
         assert parts == {c: f"part of {c}" for c in cells}  # the students merged into the stored parts
-        return {(p, d): _cell_of([200.0, 200.0], **by_pair[p], **ends) for p, d in cells}
+        assert set(policies) == {*students, *(t.name for t in GRID)}  # and every adaptive variant
+        rules = {t.name: [95.0, 95.0] if t.name == "adaptive:0:4" else [100.0, 100.0] for t in GRID}
+        return {(p, d): _cell_of([200.0, 200.0], **by_pair[p], **ends, **rules) for p, d in cells}
 
     monkeypatch.setattr(deploy, "read_fixed", stored)
     monkeypatch.setattr(deploy, "priced_cells", priced)
@@ -344,7 +357,10 @@ def test_the_stored_decision_is_what_pair_checks_computes(tmp_path, student, mon
         write_pair_bundle(tmp_path / pair_id, {**record(student, decision), "pair_id": pair_id},
                           student.with_suffix(""), bundle_profile(student))  # fmt: skip
         d = decoder.load_deployment(tmp_path / pair_id)
-        assert {k: d.decision[k] for k in check} == check
+        assert {k: d.decision[k] for k in check if k != "adaptive"} == {
+            k: v for k, v in check.items() if k != "adaptive"
+        }
+        assert d.adaptive.name == check["adaptive"]["chosen"] == "adaptive:0:4"  # 5% faster on every prompt
         if d.is_learned:
             assert d.decision["threshold_offset"] == -0.5
             assert d.policy.threshold == students[check["deploys"]].threshold

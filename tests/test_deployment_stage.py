@@ -30,10 +30,20 @@ DEPLOY_PARAMS = (
     "collect.max_prompt_tokens", "collect.seed", "evaluate.pairs", "evaluate.datasets",
     "evaluate.held_out_datasets", "evaluate.prompt_start", "evaluate.workers", "evaluate.max_new_tokens",
 )  # fmt: skip
+
+
+def _check(deploys: str, speedup: dict[str, float], adaptive: str) -> dict:
+    paired = {"student": [1.0, 1.0, 1.0], deploys: [1.05, 1.01, 1.1]}
+    rule = {"chosen": adaptive, "paired": {adaptive: [1.0, 1.0, 1.0]}}
+    return {"deploys": deploys, "prompts": 4, "speedup": speedup, "preferred": "student", "paired": paired,
+            "margin": paired[deploys], "adaptive": rule}  # fmt: skip
+
+
 CHECKS = {
-    "zoo-m": {"deploys": "student:-0.50", "prompts": 4, "speedup": {"all-small": 1.1, "all-mid": 1.0}},
-    "zoo-s": {"deploys": "all-small", "prompts": 4, "speedup": {"all-small": 1.2, "all-mid": 0.9}},
+    "zoo-m": _check("student:-0.50", {"all-small": 1.1, "all-mid": 1.0}, "adaptive:0.05:8"),
+    "zoo-s": _check("all-small", {"all-small": 1.2, "all-mid": 0.9}, "adaptive:0.15:16"),
 }
+REPORTED = ("deploys", "prompts", "speedup", "preferred", "margin")  # what evaluate reports of a check
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +78,8 @@ def test_the_stage_writes_a_checked_bundle_per_pair(staged):
     tree = tree_config(params.tree)
     for pair_id, check in CHECKS.items():
         d = load_deployment(root / "deploy", pair_id, expect_sha256=digests[pair_id])
-        assert {k: d.decision[k] for k in check} == check
+        assert {k: d.decision[k] for k in REPORTED} == {k: check[k] for k in REPORTED}
+        assert d.adaptive.name == check["adaptive"]["chosen"]
         assert d.config.tree == tree and d.config.max_new_tokens == params.evaluate.max_new_tokens
         assert d.runtime(37) == runtime_for(profile_for(params, pair_id), 37, tree)
         target, mid = params.pair_paths(pair_id)
@@ -87,7 +98,9 @@ def test_evaluate_takes_the_bundles_and_refuses_a_stale_one(staged):
         root / "export" / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
     )
     got = deployed.deployed_checks(params, dict.fromkeys(CHECKS, tree), students)
-    assert {p: deployed.pair_check_of(d) for p, d in got.items()} == CHECKS
+    assert {p: deployed.pair_check_of(d) for p, d in got.items()} == {
+        p: {**{k: c[k] for k in REPORTED}, "adaptive": c["adaptive"]["chosen"]} for p, c in CHECKS.items()
+    }
     assert list(deployed.deployed_variants(got)) == ["zoo-m"]
     assert deployed.deployed_variants(got)["zoo-m"]["deployed"] is got["zoo-m"].policy
     with pytest.raises(ValueError, match=r"zoo-m: the bundle's tree .* rerun the deploy stage"):

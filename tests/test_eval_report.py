@@ -66,6 +66,8 @@ def test_summary_metrics():
         "student_gain_best": pytest.approx(1.2),
         "student_gain_worst": pytest.approx(0.9),
         "student_at_least_best_fixed": None,  # these cells have no best fixed schedule
+        "student_vs_adaptive_mean": None,  # nor an adaptive row
+        "student_vs_adaptive_worst": None,
         "n_cells": 2,
     }
     assert list(m["mean_priced_speedup"]) == ["all-small", "all-mid", "student"]
@@ -75,7 +77,7 @@ def test_summary_metrics():
 
 def test_main_table_sorted_by_group_then_cell():
     lines = main_table(ROWS).splitlines()
-    assert cells(lines[0])[:4] == ["pair", "dataset", "group", "all-small"] and len(cells(lines[0])) == 14
+    assert cells(lines[0])[:4] == ["pair", "dataset", "group", "all-small"] and len(cells(lines[0])) == 16
     assert [cells(line)[:3] for line in lines[2:]] == [
         ["a", "w", "fitting"],
         ["z", "x", "fitting"],
@@ -83,7 +85,7 @@ def test_main_table_sorted_by_group_then_cell():
         ["b", "y", "held-out task"],
     ]
     assert cells(lines[4])[3:] == [
-        "1.00x (1.50)", "2.00x (1.50)", "-", "-", "-", "3.00x (1.50)", "-", "-", "+50.0%", "-", "-",
+        "1.00x (1.50)", "2.00x (1.50)", "-", "-", "-", "-", "3.00x (1.50)", "-", "-", "+50.0%", "-", "-", "-",
     ]  # fmt: skip
 
 
@@ -98,8 +100,8 @@ def test_student_against_the_best_fixed_schedule_and_its_interval():
     m = summary_metrics(rows)
     assert m["priced_speedup.fitting"]["student_at_least_best_fixed"] == pytest.approx(0.5)
     lines = main_table(rows).splitlines()[2:]
-    assert cells(lines[0])[-4:] == ["[2.10, 2.70]", "+20.0%", "-4.0%", "-"]
-    assert cells(lines[1])[-4:] == ["-", "+30.0%", "+4.0%", "-"]
+    assert cells(lines[0])[-5:] == ["[2.10, 2.70]", "+20.0%", "-4.0%", "-", "-"]
+    assert cells(lines[1])[-5:] == ["-", "+30.0%", "+4.0%", "-", "-"]
 
 
 def _deployed(row: dict) -> dict:
@@ -117,8 +119,8 @@ def test_the_deployed_row_has_gains_of_its_own_beside_the_students():
     assert m["deployed.priced_speedup.fitting"]["student_gain_mean"] == pytest.approx((1.0 + 1.3) / 2)
     assert m["deployed.priced_speedup.fitting"]["n_cells"] == 2
     lines = main_table(rows).splitlines()[2:]
-    assert cells(lines[0])[-6:] == ["1.80x (1.50)", "2.00x (1.50)", "-", "-10.0%", "-", "+0.0%"]
-    assert cells(lines[1])[-6:] == ["2.60x (1.50)", "2.60x (1.50)", "-", "+30.0%", "-", "+30.0%"]
+    assert cells(lines[0])[-7:] == ["1.80x (1.50)", "2.00x (1.50)", "-", "-10.0%", "-", "+0.0%", "-"]
+    assert cells(lines[1])[-7:] == ["2.60x (1.50)", "2.60x (1.50)", "-", "+30.0%", "-", "+30.0%", "-"]
 
 
 def _priced_cell() -> PricedCell:
@@ -193,3 +195,24 @@ def test_the_calibration_prompts_follow_the_collect_slice_and_stop_before_the_he
     assert calibration_range(4, 3, 10) == (7, 3)  # ends exactly at the held-back start: allowed
     with pytest.raises(ValueError, match=r"\[8, 11\) after the collect slice reach the held-back prompts"):
         calibration_range(5, 3, 10)
+
+
+def test_the_adaptive_row_is_the_chosen_variant_and_the_deployed_row_is_measured_against_it():
+    """cell_rows copies the variant the pair's check chose as the ``adaptive`` row; the deployed
+    row's gain over it is in the summary and the table's last column."""
+    ms = {"all-small": [100.0, 100.0], "all-mid": [90.0, 90.0], "student": [60.0, 60.0],
+          "adaptive:0.05:8": [80.0, 80.0], "adaptive:0:4": [75.0, 75.0]}  # fmt: skip
+    methods = {n: PricedMethod(n, "", np.asarray(v), np.ones(2), 1.5, (0.5,)) for n, v in ms.items()}
+    cell = PricedCell(np.asarray([200.0, 200.0]), np.ones(2), methods, "")
+    drop = ("adaptive:0.05:8", "adaptive:0:4")
+    rows = [{**r, "pair_id": "a", "dataset_id": "x", "is_held_out_pair": False, "is_held_out_task": False}
+            for r in cell_rows(cell, 200, "student", drop, adaptive="adaptive:0:4")]  # fmt: skip
+    by_method = {r["method"]: r for r in rows}
+    assert set(by_method) == {"all-small", "all-mid", "student", "adaptive", "deployed"}
+    assert by_method["adaptive"]["adaptive_as"] == "adaptive:0:4"
+    assert by_method["adaptive"]["priced_speedup"] == pytest.approx(400.0 / 150.0)
+    m = summary_metrics(rows)["deployed.priced_speedup.fitting"]
+    assert m["student_vs_adaptive_mean"] == pytest.approx(150.0 / 120.0)
+    assert cells(main_table(rows).splitlines()[2])[-1] == "+25.0%"
+    with pytest.raises(ValueError, match="chose the adaptive rule 'adaptive:9:9'"):
+        cell_rows(cell, 200, "student", drop, adaptive="adaptive:9:9")

@@ -1,24 +1,23 @@
 """The pair check's per-pair thresholds: the exported student at shifted thresholds decides where
 its shifted threshold says (gate included), is validated like the exported one, and the check
-deploys the fastest shifted student only where it beats the better endpoint."""
+(collectors/evaluation/pair_check.py) keeps the exported threshold unless another option wins by
+more than its paired interval."""
 
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from test_priced_eval import _cell_of
 from test_scheduler_export import hand_student
 
-from collectors.evaluation.deployed import deployed_variants
-from collectors.evaluation.priced_eval import NEAR_TIE, fastest, pair_check
+from collectors.evaluation.pair_check import choose, pair_check
+from collectors.evaluation.priced_eval import fastest
 from decoder.deploy.deployment import threshold_variants, variant_name
 from decoder.deploy.scheduler import ManifestError
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.deploy import preference_order
-from pipeline.evaluate import threshold_transfer
 
 
 def test_a_shifted_student_invokes_exactly_above_its_shifted_threshold(tmp_path):
@@ -48,68 +47,64 @@ def test_shifted_students_are_validated_like_the_exported_one(tmp_path):
         assert re.fullmatch(r"[\w\-. :/]+", f"pair_check.zoo-l.speedup.{variant_name(o)}"), o
 
 
-def test_the_pair_check_deploys_the_fastest_threshold_only_where_it_beats_the_better_endpoint():
-    ends = {"all-small": [100.0, 100.0], "all-mid": [80.0, 80.0]}  # All-Mid the better endpoint
-    cell = _cell_of([200.0, 200.0], student=[85.0, 85.0], **{"student:-0.50": [70.0, 75.0]}, **ends)
-    check = pair_check([cell], ("student:-0.50", "student"))
-    assert check["deploys"] == "student:-0.50"
-    assert check["speedup"]["student:-0.50"] == pytest.approx(400.0 / 145.0)
-    # the exported threshold alone loses to All-Mid: the endpoint
-    assert pair_check([cell], ("student",))["deploys"] == "all-mid"
-    # two thresholds tie: the first listed
-    tie = _cell_of([200.0], student=[70.0], **{"student:0.50": [70.0]}, **{k: v[:1] for k, v in ends.items()})
-    assert pair_check([tie], ("student:0.50", "student"))["deploys"] == "student:0.50"
-    assert pair_check([tie], ("student", "student:0.50"))["deploys"] == "student"
-    with pytest.raises(ValueError, match="no learned policy"):
-        pair_check([cell], ())
+OPTIONS = ("student", "student:-0.50", "student:0.50", "all-small", "all-mid")
 
 
-def test_a_near_tie_keeps_the_exported_threshold_and_a_clear_win_does_not():
-    ends = {"all-small": [100.0], "all-mid": [100.0]}
-    near = _cell_of([200.0], student=[70.0], **{"student:1.00": [69.5]}, **ends)  # 0.7% faster
-    clear = _cell_of([200.0], student=[70.0], **{"student:1.00": [68.0]}, **ends)  # 2.9% faster
+def _noisy(base: float, factor: float, n: int = 12, spread: float = 0.3, seed: int = 0) -> list[float]:
+    """n prompts' priced ms around ``base`` x ``factor``, each prompt its own size (as real prompts)."""
+    rng = np.random.default_rng(seed)
+    return list(base * factor * rng.uniform(1 - spread, 1 + spread, n))
+
+
+def _calibration(**factors: float) -> list:
+    """Two cells of 12 prompts: AR and every option priced on the same prompts, an option's ms the
+    student's times its factor, prompt by prompt, with its own noise of 2% on top."""
+    cells = []
+    for c in range(2):
+        sizes = _noisy(100.0, 1.0, seed=c)
+        rng = np.random.default_rng(10 + c)
+        ms = {o: [x * f * rng.uniform(0.98, 1.02) for x in sizes] for o, f in factors.items()}
+        cells.append(_cell_of([2.0 * x for x in sizes], **ms))
+    return cells
+
+
+def test_the_pair_check_keeps_the_preferred_student_unless_another_option_wins_beyond_its_interval():
+    """A 1% edge that the prompts do not agree on keeps the exported threshold; an endpoint 20%
+    faster on every prompt is deployed, with its paired margin recorded."""
+    near = _calibration(**{"student": 1.0, "student:-0.50": 0.99, "student:0.50": 1.05, "all-small": 1.3,
+                           "all-mid": 1.1})  # fmt: skip
+    check = pair_check(near, OPTIONS)
+    point, low, high = check["paired"]["student:-0.50"]
+    assert point > 1.0 and low < 1.0 < high  # faster on the whole, not beyond its interval
+    assert check["deploys"] == check["preferred"] == "student" and check["margin"] == [1.0, 1.0, 1.0]
+    assert check["prompts"] == 24 and check["speedup"]["student"] == pytest.approx(2.0, rel=0.02)
+    clear = _calibration(**{"student": 1.0, "student:-0.50": 0.99, "student:0.50": 1.05, "all-small": 1.3,
+                            "all-mid": 0.8})  # fmt: skip
+    check = pair_check(clear, OPTIONS)
+    assert check["deploys"] == "all-mid" and check["margin"][1] > 1.2
+    assert check["margin"] == check["paired"]["all-mid"]
+
+
+def test_among_several_winners_the_one_surest_to_win_is_chosen_and_equal_ones_go_to_the_earlier():
+    both = _calibration(**{"student": 1.0, "student:-0.50": 0.85, "student:0.50": 0.9, "all-small": 1.3,
+                           "all-mid": 0.86})  # fmt: skip
+    chosen, paired = choose(both, OPTIONS)
+    assert chosen == "student:-0.50" and paired["student:-0.50"][1] > paired["all-mid"][1]
+    tie = _calibration(**{"student": 1.0, "a": 0.8, "b": 0.8})
+    for c in tie:
+        c.methods["b"] = c.methods["a"]
+    assert choose(tie, ("student", "a", "b"))[0] == "a" and choose(tie, ("student", "b", "a"))[0] == "b"
+    with pytest.raises(ValueError, match="no calibration cells"):
+        pair_check([], OPTIONS)
+    with pytest.raises(ValueError, match="no options"):
+        pair_check(both, ())
+
+
+def test_the_preference_order_and_the_fastest_method():
     order = preference_order({variant_name(o): None for o in THRESHOLD_OFFSETS})
     assert order[0] == "student" and order[1:3] == ("student:-0.50", "student:0.50")
-    assert pair_check([near], ("student", "student:1.00"))["deploys"] == "student:1.00"  # no tolerance
-    assert pair_check([near], ("student", "student:1.00"), NEAR_TIE)["deploys"] == "student"
-    assert pair_check([clear], ("student", "student:1.00"), NEAR_TIE)["deploys"] == "student:1.00"
-    assert fastest({"a": 1.0, "b": 1.0}, ["b", "a"], NEAR_TIE) == "b"
-    with pytest.raises(ValueError, match="tolerance"):
-        fastest({"a": 1.0}, ["a"], 1.0)
-
-
-def test_only_pairs_deploying_a_shifted_threshold_decode_it_as_deployed(tmp_path):
-    students = threshold_variants(
-        hand_student(tmp_path / "s", threshold=0.0, skip_rest_below=1.0), 5, 10, (-0.5, 0.0, 0.5)
+    assert (
+        fastest({"a": 1.0, "b": 1.0}, ["b", "a"]) == "b" and fastest({"a": 1.0, "b": 1.1}, ["a", "b"]) == "b"
     )
-
-    def bundle(deploys: str) -> SimpleNamespace:
-        policy = students.get(deploys, deploys)
-        return SimpleNamespace(policy=policy, is_learned=deploys in students, decision={"deploys": deploys})
-
-    deployments = {"a": bundle("student:-0.50"), "b": bundle("student"), "c": bundle("all-small")}
-    shifted = deployed_variants(deployments)
-    assert list(shifted) == ["a"] and shifted["a"]["deployed"] is students["student:-0.50"]
-
-
-def test_the_held_back_check_pools_the_fitting_cells_only():
-    """Pooled over a and b the shifted threshold is fastest (400/150 vs 400/160); the held-out task
-    c, where the exported one wins by far, would flip it if it were counted."""
-    ends = {"all-small": [100.0], "all-mid": [100.0]}
-    cells = {
-        ("p", "a"): _cell_of([100.0], student=[40.0], **{"student:-0.50": [60.0]}, **ends),
-        ("p", "b"): _cell_of([300.0], student=[120.0], **{"student:-0.50": [90.0]}, **ends),
-        ("p", "c"): _cell_of([900.0], student=[100.0], **{"student:-0.50": [900.0]}, **ends),
-    }
-    checks = {
-        "p": {
-            "deploys": "student",
-            "speedup": dict.fromkeys(("all-small", "all-mid", "student", "student:-0.50"), 1.0),
-        }
-    }
-    got = threshold_transfer(cells, checks, ["a", "b"])["p"]
-    assert got["chosen"] == "student" and got["held_back_best"] == "student:-0.50"
-    assert got["speedup"]["student"] == pytest.approx(400.0 / 160.0)
-    assert got["speedup"]["student:-0.50"] == pytest.approx(400.0 / 150.0)
-    assert got["speedup"]["all-small"] == pytest.approx(2.0)  # endpoints shown, never the best threshold
-    assert threshold_transfer(cells, checks, ["a", "b", "c"])["p"]["held_back_best"] == "student"
+    with pytest.raises(ValueError, match="no methods"):
+        fastest({}, [])

@@ -40,16 +40,20 @@ def test_smoke_profile_shrinks_and_moves_outputs() -> None:
     assert smoke.pairs.keys() == base.pairs.keys()
 
 
-def test_real_pair_profile_adds_the_pair_in_bf16_and_fp32_and_measures_only_it() -> None:
+def test_real_pair_profile_trains_the_bf16_pair_on_its_own_reports() -> None:
+    """The overlay registers the pair in bf16 and fp32 and runs every scheduler stage on bf16: 5
+    categories x 4 collect prompts, 6 evaluated datasets (pydoc held out), its own student (no
+    held-out pair), batched replay; the GRAFT stages keep the zoo pairs they price."""
     real = load_params(profile="real-pair")
     extra = set(real.pairs) - set(load_params().pairs)
     assert extra == {"qwen2.5-coder-1.5b-0.5b", "qwen2.5-coder-1.5b-0.5b-fp32"}
     assert {real.pairs[p].dtype for p in extra} == {"bfloat16", "float32"}
     assert all(real.pairs[p].template == "chatml" for p in extra)
-    assert set(real.profile.pairs) == set(real.collect.pairs) == extra
-    # its stages write beside the default's outputs, never over them
-    base = load_params()
-    assert real.profile.out_dir != base.profile.out_dir and real.budget.out_dir != base.budget.out_dir
+    bf16 = ("qwen2.5-coder-1.5b-0.5b",)
+    assert real.collect.pairs == real.evaluate.pairs == bf16 and real.evaluate.held_out_pairs == ()
+    assert len(real.collect.datasets) >= 5 and real.collect.prompts_per_report >= 4
+    assert len(real.evaluate.datasets) == 6 and real.evaluate.prompts_per_cell >= 3
+    assert set(real.profile.pairs) == {*bf16, *real.edges.pairs} and real.runtime.replay_batch_rows > 0
 
 
 def _write_params(tmp_path: Path, mutate) -> Path:

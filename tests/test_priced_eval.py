@@ -15,7 +15,6 @@ from collectors.evaluation.priced_eval import (
     PricedCell,
     PricedMethod,
     bootstrap_speedup,
-    pair_check,
     priced_cell,
 )
 from decoder.core.config import DecodeConfig
@@ -116,29 +115,3 @@ def _cell_of(ar_ms: list[float], **ms: list[float]) -> PricedCell:
         for name, v in ms.items()
     }
     return PricedCell(np.asarray(ar_ms, dtype=float), np.ones(n), methods, "00000")
-
-
-def test_the_pair_check_pools_the_calibration_prompts_and_deploys_the_student_only_when_strictly_faster() -> (
-    None
-):
-    # cell 1 is short and the student wins it by far; cell 2 is long and the student loses it:
-    # per-cell ratios average in the student's favour (1.5x and 0.95x against 1.0x), pooled it loses
-    short = _cell_of([10.0], student=[5.0], **{"all-small": [10.0], "all-mid": [20.0]})
-    long = _cell_of(
-        [100.0, 100.0], student=[105.0, 105.0], **{"all-small": [100.0, 100.0], "all-mid": [300.0, 300.0]}
-    )
-    check = pair_check([short, long])
-    assert check["speedup"]["student"] == pytest.approx(210.0 / 215.0)
-    assert check["speedup"]["all-small"] == pytest.approx(1.0)
-    assert check["deploys"] == "all-small" and check["prompts"] == 3
-    # the same student with the long cell won: deployed
-    won = _cell_of([100.0], student=[90.0], **{"all-small": [100.0], "all-mid": [300.0]})
-    assert pair_check([short, won])["deploys"] == "student"
-    # an all-mid pair: the better endpoint is All-Mid, and a tie with it goes to All-Mid
-    mid = _cell_of([100.0], student=[50.0], **{"all-small": [100.0], "all-mid": [50.0]})
-    assert pair_check([mid])["deploys"] == "all-mid"
-    # equal endpoints: the tie goes to All-Small
-    even = _cell_of([100.0], student=[60.0], **{"all-small": [50.0], "all-mid": [50.0]})
-    assert pair_check([even])["deploys"] == "all-small"
-    with pytest.raises(ValueError, match="no calibration cells"):
-        pair_check([])

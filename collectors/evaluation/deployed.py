@@ -73,8 +73,11 @@ def deployed_checks(
 
 
 def pair_check_of(d: Deployment) -> dict:
-    """The bundle's pair check as evaluate reports it: {"deploys", "prompts", "speedup"}."""
-    return {k: d.decision[k] for k in ("deploys", "prompts", "speedup")}
+    """The bundle's pair check as evaluate reports it: {"deploys", "prompts", "speedup", "preferred",
+    "margin" (the choice's paired speedup over the preferred option, [point, low, high]),
+    "adaptive" (the adaptive rule's chosen variant)}."""
+    return {**{k: d.decision[k] for k in ("deploys", "prompts", "speedup", "preferred", "margin")},
+            "adaptive": d.adaptive.name}  # fmt: skip
 
 
 def deployed_variants(deployments: Mapping[str, Deployment]) -> dict:

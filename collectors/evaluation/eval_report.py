@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from collectors.evaluation.priced_eval import PricedCell
 
 DEPLOYED = "deployed"  # per pair, the row of what its deployment bundle deploys (the pair check's)
-MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", "value-planner", "student", DEPLOYED)
+ADAPTIVE = "adaptive"  # per pair, the online adaptive rule at the thresholds its pair check chose
+MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", ADAPTIVE, "value-planner", "student", DEPLOYED)
 LEARNED = ("student", "deployed")  # the rows whose gains are reported
 ABLATIONS = ("full", "no-eg", "overwrite", "cascade")
 CELL = ("pair_id", "dataset_id")
@@ -83,14 +84,20 @@ def priced_rows(cell: PricedCell, n_boot: int) -> dict[str, dict]:
     return out
 
 
-def cell_rows(cell: PricedCell, n_boot: int, deploys: str, drop: Collection[str] = ()) -> list[dict]:
+def cell_rows(
+    cell: PricedCell, n_boot: int, deploys: str, drop: Collection[str] = (), adaptive: str | None = None
+) -> list[dict]:
     """The cell's rows (:func:`priced_rows`) but the methods in ``drop``, then the ``deployed`` row:
-    a copy of the row of ``deploys`` (the method the pair's bundle deploys), with ``deployed_as``."""
+    a copy of the row of ``deploys`` (the method the pair's bundle deploys), with ``deployed_as``;
+    with ``adaptive`` (the adaptive variant the pair's bundle chose), its copy as the ``adaptive``
+    row, with ``adaptive_as``."""
     rows = priced_rows(cell, n_boot)
-    if deploys not in rows:
-        raise ValueError(f"the pair deploys {deploys!r}, which this cell did not price: {sorted(rows)}")
+    for what, name in (("deploys", deploys), ("chose the adaptive rule", adaptive)):
+        if name is not None and name not in rows:
+            raise ValueError(f"the pair {what} {name!r}, which this cell did not price: {sorted(rows)}")
     kept = [r for name, r in rows.items() if name not in drop]
-    return [*kept, {**rows[deploys], "method": DEPLOYED, "deployed_as": deploys}]
+    chosen = [] if adaptive is None else [{**rows[adaptive], "method": ADAPTIVE, "adaptive_as": adaptive}]
+    return [*kept, *chosen, {**rows[deploys], "method": DEPLOYED, "deployed_as": deploys}]
 
 
 def _of(method: str, expr: pl.Expr) -> pl.Expr:
@@ -110,6 +117,7 @@ def cell_frame(rows: list[dict], key: str = "priced_speedup", learned: str = "st
             value_mid=_of("all-mid", pl.col(key)),
             value_student=_of(learned, pl.col(key)),
             value_best_fixed=_of("best-fixed", pl.col(key)),
+            value_adaptive=_of(ADAPTIVE, pl.col(key)),
             group=_of(learned, pl.col("group")),
             sort_group=pl.col("group").first(),
             **{m: _of(m, pl.struct(key, "mean_accepted_length")) for m in MAIN_METHODS},
@@ -118,6 +126,7 @@ def cell_frame(rows: list[dict], key: str = "priced_speedup", learned: str = "st
         .with_columns(
             gain=pl.col("value_student") / pl.max_horizontal("value_small", "value_mid"),
             gain_best_fixed=pl.col("value_student") / pl.col("value_best_fixed"),
+            gain_adaptive=pl.col("value_student") / pl.col("value_adaptive"),
         )
     )
 
@@ -150,6 +159,9 @@ def summary_metrics(rows: list[dict]) -> dict:
                 student_gain_worst=pl.col("gain").min(),
                 # share of cells where the student is at least the best fixed schedule in hindsight
                 student_at_least_best_fixed=(pl.col("gain_best_fixed") >= 1.0).mean(),
+                # over the online adaptive rule (no training), where it was priced
+                student_vs_adaptive_mean=pl.col("gain_adaptive").mean(),
+                student_vs_adaptive_worst=pl.col("gain_adaptive").min(),
                 n_cells=pl.len(),
             )
         )
@@ -178,9 +190,9 @@ def main_table(rows: list[dict]) -> str:
     and the deployed row's gain over the better endpoint."""
     key = "priced_speedup"
     head = ["pair", "dataset", "group", *MAIN_METHODS, "student 95% CI", "vs better end", "vs best fixed",
-            "deployed vs better end"]  # fmt: skip
+            "deployed vs better end", "deployed vs adaptive"]  # fmt: skip
     deployed = {
-        (c["pair_id"], c["dataset_id"]): c["gain"]
+        (c["pair_id"], c["dataset_id"]): (c["gain"], c["gain_adaptive"])
         for c in cell_frame(rows, key, "deployed").iter_rows(named=True)
     }
     ci = {
@@ -194,10 +206,11 @@ def main_table(rows: list[dict]) -> str:
         lo, hi = ci.get((c["pair_id"], c["dataset_id"]), (None, None))
         interval = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "-"
         vs_best = f"{c['gain_best_fixed'] - 1:+.1%}" if c["gain_best_fixed"] is not None else "-"
-        gain_deployed = deployed.get((c["pair_id"], c["dataset_id"]))
+        gain_deployed, over_adaptive = deployed.get((c["pair_id"], c["dataset_id"]), (None, None))
         vs_deployed = f"{gain_deployed - 1:+.1%}" if gain_deployed is not None else "-"
+        vs_adaptive = f"{over_adaptive - 1:+.1%}" if over_adaptive is not None else "-"
         body.append([c["pair_id"], c["dataset_id"], c["group"], *vals, interval, f"{c['gain'] - 1:+.1%}",
-                     vs_best, vs_deployed])  # fmt: skip
+                     vs_best, vs_deployed, vs_adaptive])  # fmt: skip
     return _markdown(head, body)
 
 

@@ -37,10 +37,14 @@ def pooled_ms(cells: Sequence[PricedCell], method: str) -> np.ndarray:
 
 def against(cells: Sequence[PricedCell], preferred: str, option: str) -> tuple[float, float, float]:
     """(point, low, high): ``option``'s paired speedup over ``preferred`` on the cells' prompts."""
-    return paired_interval((pooled_ms(cells, preferred), pooled_ms(cells, option)), ratio_of_sums, N_BOOT, SEED)
+    samples = (pooled_ms(cells, preferred), pooled_ms(cells, option))
+    return paired_interval(samples, ratio_of_sums, N_BOOT, SEED)
 
 
-def choose(cells: Sequence[PricedCell], options: Sequence[str]) -> tuple[str, dict[str, tuple[float, float, float]]]:
+Paired = dict[str, tuple[float, float, float]]
+
+
+def choose(cells: Sequence[PricedCell], options: Sequence[str]) -> tuple[str, Paired]:
     """(the chosen option, each option's paired speedup over the first with its interval)."""
     if not cells:
         raise ValueError("pair_check: no calibration cells")

@@ -334,38 +334,9 @@ def pooled_speedups(cells: Sequence[PricedCell], methods: Sequence[str]) -> dict
     return {m: ar / sum(float(c.methods[m].ms.sum()) for c in cells) for m in methods}
 
 
-NEAR_TIE = 0.01  # the pair check's tolerance: a less preferred variant must be >1% faster to win
-
-
-def fastest(speedup: Mapping[str, float], methods: Sequence[str], tolerance: float = 0.0) -> str:
-    """The first listed of ``methods`` whose ``speedup`` is within ``tolerance`` (relative) of the
-    highest: with 0, the fastest (the first listed among equals); with NEAR_TIE, a method listed
-    later must be more than 1% faster than an earlier one to be chosen over it."""
+def fastest(speedup: Mapping[str, float], methods: Sequence[str]) -> str:
+    """The fastest of ``methods`` by ``speedup``, the first listed among equals."""
     if not methods:
         raise ValueError("fastest: no methods")
-    if not 0.0 <= tolerance < 1.0:
-        raise ValueError(f"fastest: tolerance {tolerance} is outside [0, 1)")
     best = max(speedup[m] for m in methods)
-    return next(m for m in methods if speedup[m] >= best * (1.0 - tolerance))
-
-
-def pair_check(
-    cells: Sequence[PricedCell], learned: Sequence[str] = ("student",), tolerance: float = 0.0
-) -> dict:
-    """Which method a pair deploys: the fastest of the ``learned`` policies where, over the pair's
-    calibration cells pooled (sum of AR ms over sum of the method's ms, every prompt of every cell),
-    it prices strictly faster than the better of All-Small and All-Mid; that endpoint otherwise
-    (when unsure, skip: a tie goes to the fixed schedule, which pays for no decisions). ``learned``
-    is in order of preference: ``fastest`` with ``tolerance`` keeps an earlier policy unless a
-    later one is faster by more than the tolerance.
-
-    Returns {"deploys": method, "prompts": n, "speedup": {method: pooled speedup}}."""
-    if not cells:
-        raise ValueError("pair_check: no calibration cells")
-    if not learned:
-        raise ValueError("pair_check: no learned policy to check")
-    speedup = pooled_speedups(cells, (*ENDPOINTS, *learned))
-    better = max(ENDPOINTS, key=lambda m: (speedup[m], m == ENDPOINTS[0]))
-    best = fastest(speedup, learned, tolerance)
-    deploys = best if speedup[best] > speedup[better] else better
-    return {"deploys": deploys, "prompts": sum(len(c.tokens) for c in cells), "speedup": speedup}
+    return next(m for m in methods if speedup[m] >= best)

@@ -26,11 +26,13 @@ each replayed round).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from decoder.core.policies import ADAPTIVE, StepContext
 from decoder.core.records import RoundStats
+
+if TYPE_CHECKING:  # the rule itself needs no torch: a deployment bundle loads it without
+    import torch
 
 ALPHA = 0.3  # EMA weight of the newest round: about the last 3 rounds of a tier count most
 DEFAULT_MARGIN = 0.05
@@ -52,11 +54,28 @@ class AdaptiveThresholds:
 
     @property
     def name(self) -> str:
-        return f"adaptive(m={self.margin:g},p={self.probe})"
+        """The policy string that names these thresholds ('adaptive:MARGIN:PROBE')."""
+        return f"{ADAPTIVE}:{self.margin:g}:{self.probe}"
+
+
+# The variants a pair check tries, the defaults first (the one it keeps unless another wins)
+GRID = (
+    AdaptiveThresholds(),
+    *(
+        AdaptiveThresholds(m, p)
+        for m in (0.0, 0.05, 0.15)
+        for p in (4, 8, 16)
+        if (m, p) != (DEFAULT_MARGIN, DEFAULT_PROBE)
+    ),
+)
 
 
 class AdaptiveTiers:
-    """The adaptive rule as a scheduler (a callable on StepContext; module docstring)."""
+    """The adaptive rule as a scheduler (a callable on StepContext; module docstring). Its answers
+    cost a few arithmetic operations a round, no tree signals or model: it takes no priced decisions
+    (``decided`` is False, decoder.core.policies.decision_taken)."""
+
+    decided = False
 
     def __init__(self, thresholds: AdaptiveThresholds | None = None, mid_over_target: float = 0.3) -> None:
         """mid_over_target: the cost of a mid call relative to a verify, used where the decode has

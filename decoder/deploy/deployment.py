@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decoder.core.adaptive import AdaptiveThresholds
 from decoder.core.config import DecodeConfig, TreeConfig
 from decoder.core.policies import RuntimeContext, parse_policy, uses_mid
 from decoder.deploy.artifact import Artifact, ManifestError, artifact_from_bytes, read_artifact
@@ -108,6 +109,12 @@ class Deployment:
     @property
     def is_learned(self) -> bool:
         return isinstance(self.policy, LearnedScheduler)
+
+    @property
+    def adaptive(self) -> AdaptiveThresholds:
+        """The online adaptive rule's thresholds the pair check chose for this pair."""
+        chosen = self.decision["adaptive"]
+        return AdaptiveThresholds(float(chosen["margin"]), int(chosen["probe"]))
 
     def runtime(self, prompt_tokens: int) -> RuntimeContext:
         """The runtime context for a prompt of ``prompt_tokens`` tokens."""

@@ -25,7 +25,7 @@ from decoder.core.config import TreeConfig
 from decoder.core.policies import AR
 from decoder.deploy.bundle import HEX64, PAIR_NAME, DeploymentError
 
-SCHEMA_VERSION = "treegraft-deployment/1"
+SCHEMA_VERSION = "treegraft-deployment/2"  # /2: the paired margins and the adaptive rule's thresholds
 FALLBACKS = ("all-small", "all-mid", AR)  # what a pair deploys when no threshold beats its endpoints
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -45,15 +45,33 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
+Interval = Annotated[list[Positive], Field(min_length=3, max_length=3)]  # [point, low, high]
+
+
+class Adaptive(_Record):
+    """The online adaptive rule's thresholds the pair check chose on the calibration prompts
+    (decoder/core/adaptive.py), with each variant's paired speedup over the defaults."""
+
+    margin: NonNegative
+    probe: int = Field(ge=1)
+    paired: dict[str, Interval]
+
+
 class Decision(_Record):
-    """The pair check's: what the pair deploys, at which threshold, on how many calibration prompts,
-    and the pooled speedup of every method it priced."""
+    """The pair check's (collectors/evaluation/pair_check.py): what the pair deploys, at which
+    threshold, on how many calibration prompts, the pooled speedup over AR of every option it
+    priced, the option it prefers, every option's paired speedup over that one with its 95%
+    interval, the chosen option's (``margin``), and the adaptive rule's thresholds."""
 
     deploys: Text
     threshold_offset: Finite | None
     threshold: Finite | None
     prompts: int = Field(ge=0)
     speedup: dict[str, Positive]
+    preferred: Text
+    paired: dict[str, Interval]
+    margin: Interval
+    adaptive: Adaptive
 
     @model_validator(mode="after")
     def _deploys_its_threshold(self) -> Decision:
