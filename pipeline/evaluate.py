@@ -30,6 +30,7 @@ from collectors.evaluation.deployed import check_registered, load_evaluated, pai
 from collectors.evaluation.eval_report import (
     ablation_table,
     calls_plot,
+    cell_groups,
     cell_rows,
     main_table,
     plot_rows,
@@ -37,6 +38,7 @@ from collectors.evaluation.eval_report import (
     summary_metrics,
 )
 from collectors.evaluation.fixed_cells import fixed_path, read_fixed
+from collectors.evaluation.headline import deployed_headline
 from collectors.evaluation.priced_eval import ENDPOINTS, PricedCell, fastest, pooled_speedups
 from collectors.evaluation.priced_tasks import priced_cells
 from config.params import Params, resolve
@@ -117,7 +119,11 @@ def main(params: Params) -> dict:
         rows, priced_by_cell = evaluate_rows(params, cells, policies, deployments, students, fixed_parts)
         fitting = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
         transfer = threshold_transfer(priced_by_cell, checks, fitting)
-        metrics = {**summary_metrics(rows), "pair_check": checks, "threshold_transfer": transfer}
+        deploys = {p: d.decision["deploys"] for p, d in deployments.items()}
+        chosen = {p: c["adaptive"] for p, c in checks.items()}
+        headline = deployed_headline(priced_by_cell, deploys, chosen, cell_groups(rows))
+        metrics = {**summary_metrics(rows), "pair_check": checks, "threshold_transfer": transfer,
+                   "headline": headline}  # fmt: skip
         table, abl = main_table(rows), ablation_table(ablations)
         write_json(out / "results.json", {"main": rows, "ablations": ablations, "pair_check": checks})
         write_json(out / "metrics.json", metrics)

@@ -74,6 +74,7 @@ from collectors.collect.plan import (
 )
 from collectors.collect.report import ReportSpec, read_continuations
 from collectors.evaluation.fixed_cells import fixed_path, read_fixed
+from collectors.evaluation.headline import graft_headline
 from collectors.evaluation.priced_eval import Cell, PricedCell
 from collectors.graft.budget import choice_specs
 from collectors.graft.cells import GraftSetup, evaluate_cell, full_graft, row_arms
@@ -217,7 +218,8 @@ def main(params: Params) -> dict:
                                                                        collected)  # fmt: skip
             cells += pair_cells
         table = markdown(cells) + "\n" + markdown_wall(cells)
-        metrics = {**done_when_checks(cells, pairs), "pairs": pairs, "seconds": time.perf_counter() - t0}
+        metrics = {**done_when_checks(cells, pairs), "pairs": pairs, "seconds": time.perf_counter() - t0,
+                   "graft_vs_hindsight": list(graft_headline(cells))}  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)
         for name, obj in (("costs.json", {p: c.to_json() for p, c in costs.items()}), ("cells.json", cells),
                           ("metrics.json", metrics)):  # fmt: skip

@@ -1,7 +1,8 @@
 """DVC stage ``profile``: measure one latency profile per registered pair.
 
 Writes ``<out_dir>/<pair>.json`` (decoder.deploy.latency JSON, replaced atomically) for every pair in
-``pairs``, each the median of ``passes`` passes measured in turn (:func:`run_profile`), with
+``pairs``, each the median of ``passes`` passes measured in turn (:func:`run_profile`), every pass
+itself as ``<out_dir>/passes/<pair>.<i>.json`` (evaluate prices its headline under each), with
 ``<out_dir>/passes.json`` (each pass's worst ratio to that median, per component), and prints
 both as tables. Collectors store raw counts; these files price them, and a
 profile measured elsewhere (e.g. on a GPU) re-prices the same counts without recollecting.
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from collectors.collect.plan import PASSES_DIR
 from collectors.pricing.profile_passes import compare_profiles, median_profile, save_profile
 from config.params import Params, ProfileParams, resolve
 from decoder.core.config import TreeConfig
@@ -88,8 +90,10 @@ def run_profile(
     for name, passes in measured.items():
         profile = median_profile(passes)
         paths.append(save_profile(profile, out_dir / f"{name}.json"))
+        for i, one in enumerate(passes):  # each pass too: the headline is priced under every one
+            save_profile(one, out_dir / PASSES_DIR / f"{name}.{i}.json")
         profiles.append(profile)
-        log.info("wrote %s", paths[-1])
+        log.info("wrote %s and its %d passes", paths[-1], len(passes))
     spread = pass_spread(measured)
     write_json(out_dir / PASSES_FILE, spread)
     print(format_table(profiles))

@@ -40,6 +40,7 @@ def test_stored_fixed_parts_merged_with_the_policies_equal_the_one_pass_replay(
     stored, rows = read_fixed(path, CELLS)
     assert rows == ablations
     assert path.with_name("fixed.rows.parquet").is_file()
+    assert fixed[CELLS[0]].pass_ar_ms.shape[0] == params.profile.passes  # priced under every pass
     for cell in CELLS:  # JSON and Parquet round trip: every double, continuation and row as written
         _same(stored[cell], fixed[cell])
         assert (stored[cell].continuations, stored[cell].prompts_sha256, stored[cell].rows) == (

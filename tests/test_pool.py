@@ -19,7 +19,7 @@ from collect_workspace import build_workspace, merged_bytes, params_for, run_col
 from conftest import save_pair
 from transformers import AutoTokenizer
 
-from collectors.collect.plan import load_registered_pair
+from collectors.collect.plan import load_registered_pair, pass_profiles
 from collectors.collect.pool import Task, TaskError, run_tasks
 from collectors.collect.replay import Replayer
 from collectors.evaluation import priced_eval
@@ -87,9 +87,13 @@ def test_collect_tables_are_byte_identical_with_two_workers(workspace) -> None:
 
 
 def _same(a: PricedCell, b: PricedCell) -> None:
+    """Field by field, the per-pass prices included (each method's and AR's under every pass)."""
     assert a.best_fixed == b.best_fixed
     np.testing.assert_array_equal(a.ar_ms, b.ar_ms)
     np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert (a.pass_ar_ms is None) == (b.pass_ar_ms is None)
+    if a.pass_ar_ms is not None:
+        np.testing.assert_array_equal(a.pass_ar_ms, b.pass_ar_ms)
     assert a.methods.keys() == b.methods.keys()
     for name, m in a.methods.items():
         n = b.methods[name]
@@ -98,6 +102,9 @@ def _same(a: PricedCell, b: PricedCell) -> None:
         ), name  # fmt: skip
         np.testing.assert_array_equal(m.ms, n.ms, err_msg=name)
         np.testing.assert_array_equal(m.tokens, n.tokens, err_msg=name)
+        assert (m.pass_ms is None) == (n.pass_ms is None), name
+        if m.pass_ms is not None:
+            np.testing.assert_array_equal(m.pass_ms, n.pass_ms, err_msg=name)
 
 
 @pytest.mark.slow
@@ -139,8 +146,10 @@ def test_priced_cells_sharing_a_target_equal_cell_by_cell(workspace, monkeypatch
         pair = load_registered_pair(one, cell[0])
         _, prompts, profile, runtime = cell_inputs(one, *cell, pair, 2)
         config = decode_config(one, cell[0])
-        rows = one.runtime.replay_batch_rows
-        alone = priced_cell(pair, prompts, config, profile, runtime, POLICIES, FIXED_METHODS, batch_rows=rows)
+        rows, passes = one.runtime.replay_batch_rows, pass_profiles(one, cell[0])
+        alone = priced_cell(
+            pair, prompts, config, profile, runtime, POLICIES, FIXED_METHODS, batch_rows=rows, passes=passes
+        )
         _same(local[cell], alone)
         assert priced_rows(local[cell], 200) == priced_rows(alone, 200)
     assert priced_rows(local[("tiny", "code")], 200) != priced_rows(local[("tiny-w", "code")], 200)

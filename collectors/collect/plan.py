@@ -156,6 +156,23 @@ def profile_for(params: Params, pair: str) -> LatencyProfile:
     return load_profile(path)
 
 
+PASSES_DIR = "passes"  # under profile.out_dir: <pair>.<i>.json, each pass the profile stage measured
+
+
+def pass_path(params: Params, pair: str, index: int) -> Path:
+    """The profile stage's file of one of its passes of ``pair``."""
+    return resolve(params.profile.out_dir) / PASSES_DIR / f"{pair}.{index}.json"
+
+
+def pass_profiles(params: Params, pair: str) -> tuple[LatencyProfile, ...]:
+    """Every pass the profile stage measured of ``pair``, in order (the stage's profile is their
+    median); the stage's profile alone where no pass was kept (a profile measured elsewhere)."""
+    found = []
+    while (path := pass_path(params, pair, len(found))).is_file():
+        found.append(load_profile(path))
+    return tuple(found) or (profile_for(params, pair),)
+
+
 def report_prompts(params: Params, spec: ReportSpec, tokenizer) -> list[list[int]]:
     return report_questions(params, spec, tokenizer)[1]
 

@@ -56,6 +56,12 @@ _COLUMNS = {
 }
 
 
+def cell_groups(rows: list[dict]) -> dict[tuple[str, str], str]:
+    """Each cell's group (fitting, held-out pair, held-out task, held-out pair and task)."""
+    frame = result_frame(rows).select(*CELL, "group").unique(CELL, maintain_order=True)
+    return {(p, d): g for p, d, g in frame.iter_rows()}
+
+
 def result_frame(rows: list[dict]) -> pl.DataFrame:
     """The result rows in their order, one per (cell, method), with each row's ``group``."""
     frame = pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame(schema=_COLUMNS)

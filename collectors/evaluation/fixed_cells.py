@@ -34,7 +34,7 @@ import polars as pl
 from collectors.evaluation.priced_eval import FIXED, Cell, PricedCell, PricedMethod, TargetRows
 from decoder.io.files import replace_atomically, sha256_of_file
 
-SCHEMA = "treegraft-evaluate-fixed/3"  # 2: with the target's rows; 3: the rows as Parquet
+SCHEMA = "treegraft-evaluate-fixed/4"  # 2: the target's rows; 3: the rows as Parquet; 4: per-pass ms
 ROWS_SUFFIX = ".rows.parquet"
 ROWS_SCHEMA = {
     "pair_id": pl.String,
@@ -54,9 +54,24 @@ def _floats(a: np.ndarray) -> list[float]:
     return [float(x) for x in a]
 
 
+def _passes(a: np.ndarray | None) -> list[list[float]] | None:
+    return None if a is None else [_floats(row) for row in a]
+
+
+def _pass_array(v: object, n_prompts: int) -> np.ndarray | None:
+    """A stored (n_passes, n_prompts) array, or None; a ValueError when its shape is wrong."""
+    if v is None:
+        return None
+    a = np.asarray(v, dtype=float)
+    if a.ndim != 2 or a.shape[1] != n_prompts:
+        raise ValueError(f"per-pass figures of shape {a.shape}, expected (passes, {n_prompts})")
+    return a
+
+
 def method_record(m: PricedMethod) -> dict:
     return {"name": m.name, "schedule": m.schedule, "ms": _floats(m.ms), "tokens": _floats(m.tokens),
-            "accepted": m.accepted, "mid_calls_per_step": list(m.mid_calls_per_step)}  # fmt: skip
+            "accepted": m.accepted, "mid_calls_per_step": list(m.mid_calls_per_step),
+            "pass_ms": _passes(m.pass_ms)}  # fmt: skip
 
 
 def cell_record(c: PricedCell) -> dict:
@@ -68,14 +83,15 @@ def cell_record(c: PricedCell) -> dict:
         "continuations": [[list(g), limit] for g, limit in c.continuations],
         "prompts_sha256": c.prompts_sha256,
         "n_prompts": len(c.rows),  # prompts with target rows (the rows file holds them)
+        "pass_ar_ms": _passes(c.pass_ar_ms),
     }
 
 
 def _method(r: Mapping) -> PricedMethod:
+    ms = np.asarray(r["ms"], dtype=float)
     return PricedMethod(
-        str(r["name"]), str(r["schedule"]), np.asarray(r["ms"], dtype=float),
-        np.asarray(r["tokens"], dtype=float), float(r["accepted"]),
-        tuple(float(x) for x in r["mid_calls_per_step"]),
+        str(r["name"]), str(r["schedule"]), ms, np.asarray(r["tokens"], dtype=float), float(r["accepted"]),
+        tuple(float(x) for x in r["mid_calls_per_step"]), _pass_array(r["pass_ms"], len(ms)),
     )  # fmt: skip
 
 
@@ -123,6 +139,7 @@ def cell_from(r: Mapping, rows: tuple[TargetRows, ...]) -> PricedCell:
         tuple((tuple(int(t) for t in g), int(limit)) for g, limit in r["continuations"]),
         str(r["prompts_sha256"]),
         rows,
+        _pass_array(r["pass_ar_ms"], len(r["ar_ms"])),
     )
 
 

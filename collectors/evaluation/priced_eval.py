@@ -51,6 +51,9 @@ class PricedMethod:
     tokens: np.ndarray  # (n_prompts,) tokens emitted
     accepted: float  # mean accepted drafted tokens per round
     mid_calls_per_step: tuple[float, ...]  # share of rounds calling the mid drafter at step k
+    # (n_passes, n_prompts): the same rounds priced under each pass of the profile stage (None: not
+    # priced per pass); the headline's spread over machine speed (collectors/evaluation/headline.py)
+    pass_ms: np.ndarray | None = None
 
 
 Replayed = tuple[list[RoundRecord], int, list[tuple[bool, ...]]]  # rounds, tokens, bits per round
@@ -59,12 +62,20 @@ Continuation = tuple[tuple[int, ...], int]  # the target's greedy continuation g
 
 
 def _priced(
-    name: str, schedule: str, per_prompt: Sequence[Replayed], profile, decisions: bool
+    name: str,
+    schedule: str,
+    per_prompt: Sequence[Replayed],
+    profile: LatencyProfile,
+    decisions: bool,
+    passes: Sequence[LatencyProfile] = (),
 ) -> PricedMethod:
     ms, tokens, rounds, bits = [], [], [], []
+    by_pass: list[list[float]] = [[] for _ in passes]
     for recs, n, round_bits in per_prompt:
         counts = [r.counts() if decisions else replace(r.counts(), decisions=0) for r in recs]
         ms.append(sum(price_round(profile, c) for c in counts))
+        for one, out in zip(passes, by_pass, strict=True):
+            out.append(sum(price_round(one, c) for c in counts))
         tokens.append(n)
         rounds += recs
         bits += round_bits
@@ -76,6 +87,7 @@ def _priced(
         np.asarray(tokens, dtype=float),
         float(np.mean([r.accepted for r in rounds])) if rounds else 0.0,
         tuple(float(x) for x in per_step),
+        np.asarray(by_pass, dtype=float).reshape(len(passes), len(ms)) if passes else None,
     )
 
 
@@ -189,6 +201,7 @@ class PricedCell:
     continuations: tuple[Continuation, ...] = ()  # per prompt, the target's g and its stop
     prompts_sha256: str = ""  # of the prompts' token ids (:func:`prompts_digest`)
     rows: tuple[TargetRows, ...] = ()  # per prompt, the target's rows of prompt + g
+    pass_ar_ms: np.ndarray | None = None  # (n_passes, n_prompts): AR priced under each pass
 
     def speedups(self, n_boot: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
         return {n: bootstrap_speedup(self.ar_ms, m.ms, n_boot, seed) for n, m in self.methods.items()}
@@ -208,6 +221,7 @@ def merge_parts(fixed: PricedCell, learned: PricedCell) -> PricedCell:
         and fixed.continuations == learned.continuations
         and np.array_equal(fixed.ar_ms, learned.ar_ms)
         and np.array_equal(fixed.tokens, learned.tokens)
+        and _same_passes(fixed.pass_ar_ms, learned.pass_ar_ms)
     )
     if not same:
         raise ValueError("the fixed and learned parts of a cell come from different prompts or targets")
@@ -215,6 +229,10 @@ def merge_parts(fixed: PricedCell, learned: PricedCell) -> PricedCell:
     if clash:
         raise ValueError(f"methods {clash} are in both parts of a cell")
     return replace(fixed, methods={**fixed.methods, **learned.methods})
+
+
+def _same_passes(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return (a is None) == (b is None) and (a is None or np.array_equal(a, b))
 
 
 def _fixed_schedules(fixed: dict[str, str], depth: int) -> dict[str, FixedSchedule]:
@@ -243,8 +261,10 @@ def priced_cell(
     continuations: Sequence[Continuation] | None = None,
     rows: Sequence[TargetRows] | None = None,
     batch_rows: int = 0,
+    passes: Sequence[LatencyProfile] = (),
 ) -> PricedCell:
-    """Replay the fixed schedules and every policy on every prompt; price them with the profile.
+    """Replay the fixed schedules and every policy on every prompt; price them with the profile
+    (and, with ``passes``, under each pass of the profile stage too: no extra replay).
 
     ``runtime``: the learned policies' runtime context, one for all prompts or one per prompt.
 
@@ -307,7 +327,8 @@ def priced_cell(
         if progress is not None:
             progress()
     all_fixed = [
-        _priced(bits_text(b), bits_text(b), per_schedule[s], profile, False) for s, b in enumerate(schedules)
+        _priced(bits_text(b), bits_text(b), per_schedule[s], profile, False, passes)
+        for s, b in enumerate(schedules)
     ]
     by_text = {m.schedule: m for m in all_fixed}
     methods = {name: replace(by_text[p.text], name=name) for name, p in named.items()}
@@ -317,11 +338,13 @@ def priced_cell(
         best = max(range(len(all_fixed)), key=lambda s: (rate[s], -s))
         methods["best-fixed"] = replace(all_fixed[best], name="best-fixed")
         best_fixed = all_fixed[best].schedule
-    methods |= {n: _priced(n, "", per_policy[n], profile, True) for n in policies}
+    methods |= {n: _priced(n, "", per_policy[n], profile, True, passes) for n in policies}
     ar, n_tokens = np.asarray(ar_ms, dtype=float), np.asarray(tokens, dtype=float)
+    pass_ar = np.asarray([[price_ar(p, int(n)) for n in tokens] for p in passes], dtype=float)
     return PricedCell(
-        ar, n_tokens, methods, best_fixed, tuple(gs), prompts_digest(prompts), tuple(target_rows)
-    )
+        ar, n_tokens, methods, best_fixed, tuple(gs), prompts_digest(prompts), tuple(target_rows),
+        pass_ar.reshape(len(passes), len(tokens)) if passes else None,
+    )  # fmt: skip
 
 
 ENDPOINTS = ("all-small", "all-mid")

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from collectors.collect.plan import load_registered_pair, pair_tree, profile_for, report_questions
+from collectors.collect.plan import (
+    load_registered_pair,
+    pair_tree,
+    pass_profiles,
+    profile_for,
+    report_questions,
+)
 from collectors.collect.pool import Task, pool_device, run_tasks
 from collectors.collect.records import runtime_for
 from collectors.collect.report import ReportSpec
@@ -89,9 +95,9 @@ def priced_group(
         _, prompts, profile, runtime = cell_inputs(params, pair_id, dataset, pair, n, start)
         config = decode_config(params, pair_id)
         args = (pair, prompts, config, profile, runtime, dict(policies), dict(fixed))
-        rows = params.runtime.replay_batch_rows
+        rows, passes = params.runtime.replay_batch_rows, pass_profiles(params, pair_id)
         if fixed_parts is None:
-            out.append(priced_cell(*args, memo=memo, hindsight=hindsight, batch_rows=rows))
+            out.append(priced_cell(*args, memo=memo, hindsight=hindsight, batch_rows=rows, passes=passes))
             continue
         part = fixed_parts[pair_id, dataset]
         if part.prompts_sha256 != prompts_digest(prompts):
@@ -100,9 +106,8 @@ def priced_group(
                 "rerun the evaluate_fixed stage"
             )
         stored = part.rows or None
-        learned = priced_cell(
-            *args, memo=memo, hindsight=False, continuations=part.continuations, rows=stored, batch_rows=rows
-        )
+        learned = priced_cell(*args, memo=memo, hindsight=False, continuations=part.continuations,
+                              rows=stored, batch_rows=rows, passes=passes)  # fmt: skip
         out.append(merge_parts(part, learned))
     return out
 

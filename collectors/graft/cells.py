@@ -185,5 +185,6 @@ def evaluate_cell(
     record = {"pair_id": pair_id, "dataset_id": dataset, "group": "held-out task" if held_out else "fitting",
               "prompts": len(prompts), "rows": {k: rows[k].to_json() for k, _ in ROWS},
               "wall": wall_speedups(walked.ar_runs, walked.decoded), "wall_prompts": n_wall,
-              "ddtree_at_tdes_learned_budget": equal.to_json()}  # fmt: skip
+              "ddtree_at_tdes_learned_budget": equal.to_json(),
+              "hindsight_grid": [list(r.prompt_ms) for r in grid]}  # fmt: skip
     return record, walked

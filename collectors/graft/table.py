@@ -38,9 +38,10 @@ class RowStats:
     tree_size: float
     rounds: int
     tokens: int
+    prompt_ms: tuple[float, ...] = ()  # each prompt's priced ms (the headline's bootstrap resamples them)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "prompt_ms": list(self.prompt_ms)}
 
 
 def row_stats(
@@ -60,6 +61,7 @@ def row_stats(
         tree_size=sum(r.nodes for r in rounds) / len(rounds),
         rounds=len(rounds),
         tokens=tokens,
+        prompt_ms=tuple(sum(price(r) for r in p) for p in prompts),
     )
 
 
