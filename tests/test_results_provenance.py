@@ -229,6 +229,30 @@ def test_no_store_no_run_or_a_run_without_its_code_is_refused(checkout, monkeypa
     assert not (checkout / RESULTS_PAGE).exists() and not (checkout / LEDGER).exists()
 
 
+def test_the_real_pair_page_is_generated_from_its_run_or_refused(checkout, monkeypatch, capsys):
+    import pipeline.real_pair_results as real
+
+    monkeypatch.setattr(real, "resolve", lambda p: checkout / p)
+    params = load_params(profile=real.OVERLAY)
+    finished_run(monkeypatch, load_params())  # a run of the base overlay is not the real pair's
+    capsys.readouterr()
+    assert real.main([]) == 2 and "no finished pipeline run of overlay 'real-pair'" in capsys.readouterr().err
+    run = finished_run(monkeypatch, params)
+    capsys.readouterr()
+    status, err = real.main([]), capsys.readouterr().err
+    assert status == 2 and "table.md: missing" in err and err.count("\n") == 1
+    assert not (checkout / real.PAGE).exists()
+    write_artifacts(checkout, params)
+    bench = checkout / real.BENCHES[1][1]
+    bench.parent.mkdir(parents=True)
+    bench.with_suffix(".md").write_text("**float32**: wall clock pooled 1.11x\n")
+    assert real.main([]) == 0
+    page = (checkout / real.PAGE).read_text()
+    assert run in page and git(checkout, "rev-parse", "HEAD") in page
+    assert "| table.md |" in page and "| wall.md |" in page and "within on 14 of 20" in page
+    assert "pooled 1.11x" in page and page.count("Not run: `make bench-real-pair`") == 2
+
+
 def test_this_repositorys_pages_and_ledger_name_the_same_run():
     newest = named_everywhere(ROOT)
     rows = read_ledger((ROOT / LEDGER).read_text(), LEDGER)
