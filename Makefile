@@ -113,7 +113,9 @@ bench-real-pair: repro
 		$(NEVER_LOSES_PROMPTS) --pair qwen2.5-coder-1.5b-0.5b --dtypes bfloat16 \
 		--out artifacts/bench/never_loses_real_bf16
 
-# Writes docs/results.md and the README's headline table from the outputs of the last `make repro`.
+# Writes docs/results.md, the README's headline table and a row of docs/ledger.csv from the newest
+# finished `make repro`, naming the commit whose code it ran (its MLflow parent run records it);
+# refuses in one line, writing nothing, where this checkout's code or params differ from that run's.
 results: $(STAMP)
 	$(PY) -m pipeline.readme
 

@@ -1,7 +1,13 @@
-"""What a stage run was made of: git revision, the params it reads, and its input files.
+"""What a stage run was made of: git revision, its code, the params it reads, and its input files.
 
 Contract: :func:`git_state` is the repository's HEAD and whether tracked or untracked files differ
 from it (``dvc.lock`` excluded: DVC rewrites it after every stage of one pipeline run).
+:func:`code_digest` is one sha256 over the code of the working tree: every file under
+:data:`CODE_PATHS` that git does not ignore (tracked or not), by path and git blob id, so docs, the
+log and dvc.lock never count; :func:`commit_code_digest` is the same digest of a commit's tree, so
+"this checkout runs the code of that commit" is one comparison. Params are not in it: they count by
+value (:func:`pipeline_values`, the whole params.yaml plus overlay, hashed with :func:`json_sha256`),
+so a comment in params.yaml or ``dvc exp run -S`` rewriting the file does not change what ran.
 :func:`declared_values` reads, flattened (``collect.max_new_tokens``), exactly the params entries
 dvc.yaml lists for a stage, through the restricted Params the stage got, so a logged param is a
 param the stage can read. :func:`stage_inputs` are the stage's deps in dvc.yaml but the overlay file
@@ -29,6 +35,9 @@ from decoder.io.files import sha256_of_file
 from pipeline.cli import declared_params
 
 _VAR = re.compile(r"\$\{([\w.]+)\}")
+# What a pipeline run computes with, besides its params: the packages, the benchmarks and the stage graph.
+CODE_PATHS = ("config", "decoder", "features", "collectors", "models", "pipeline", "benchmarks", "dvc.yaml")
+UNTRACKED = ("mlflow",)  # where runs are written: not part of what a pipeline run computes
 
 
 @dataclass(frozen=True)
@@ -52,18 +61,27 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: obj}
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, root: Path | None = None, stdin: str | None = None) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["git", *args], cwd=root or ROOT, input=stdin, capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
     return out.stdout
 
 
-def git_revision() -> str:
+def git_revision(root: Path | None = None) -> str:
     """``git rev-parse HEAD`` of the repository, or "unknown" outside git."""
-    out = _git("rev-parse", "HEAD")
+    out = _git("rev-parse", "HEAD", root=root)
     return out.strip() if out else "unknown"
+
+
+def commits_after(commit: str, most: int, root: Path | None = None) -> list[str] | None:
+    """The commits reachable from HEAD but not from ``commit``, oldest first (at most ``most``);
+    None where git does not know ``commit``."""
+    out = _git("rev-list", "--reverse", f"--max-count={most}", f"{commit}..HEAD", root=root)
+    return None if out is None else out.split()
 
 
 def git_state() -> GitState:
@@ -71,6 +89,55 @@ def git_state() -> GitState:
     outside_lock = ("--", ".", ":(exclude)dvc.lock")
     status = _git("status", "--porcelain", *outside_lock) or ""
     return GitState(revision, bool(status.strip()))
+
+
+def _digest(entries: Sequence[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for path, blob in sorted(entries):
+        h.update(f"{path}\0{blob}\n".encode())
+    return h.hexdigest()
+
+
+def code_digest(root: Path | None = None) -> str | None:
+    """The working tree's code: sha256 over (path, git blob id) of every file under CODE_PATHS that
+    git does not ignore; None outside git."""
+    root = root or ROOT
+    listed = _git(
+        "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *CODE_PATHS, root=root
+    )
+    if listed is None:
+        return None
+    # a tracked file deleted from the tree is not code that runs; a commit's tree lacks it the same way
+    paths = sorted({p for p in listed.split("\0") if p and (root / p).is_file()})
+    blobs = _git("hash-object", "--stdin-paths", root=root, stdin="\n".join(paths)) if paths else ""
+    if blobs is None:
+        return None
+    return _digest(list(zip(paths, blobs.split(), strict=True)))
+
+
+def commit_code_digest(commit: str, root: Path | None = None) -> str | None:
+    """:func:`code_digest` of a commit's tree; None where git does not know the commit."""
+    listed = _git("ls-tree", "-r", "-z", commit, "--", *CODE_PATHS, root=root)
+    if listed is None:
+        return None
+    entries = []
+    for item in filter(None, listed.split("\0")):
+        meta, path = item.split("\t", 1)
+        _mode, kind, blob = meta.split()
+        if kind == "blob":
+            entries.append((path, blob))
+    return _digest(entries)
+
+
+def file_at(commit: str, path: str, root: Path | None = None) -> str | None:
+    """The text of ``path`` in ``commit``; None where the commit has no such file."""
+    return _git("show", f"{commit}:{path}", root=root)
+
+
+def pipeline_values(params: Params) -> dict[str, Any]:
+    """Every param of params.yaml plus its overlay, flattened, but where runs are written."""
+    full = plain(params)
+    return flatten({k: v for k, v in full.items() if k not in UNTRACKED})
 
 
 def json_sha256(obj: Any) -> str:

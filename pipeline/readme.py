@@ -1,22 +1,35 @@
-"""`make results`: write docs/results.md and the README's headline table from the pipeline's outputs.
+"""`make results`: write docs/results.md, the README's headline table and the ledger from a run.
 
-docs/results.md is headed by the git commit and the sha256 of dvc.lock it came from, and holds the
-evaluate stage's tables, the wall_check stage's pricing check, the GRAFT rows of the evaluate_graft
-stage (with the evaluate stage's student on the same cells), the budget table, the offline student
-table of the distill stage and the collect stage's per-report summary, as written by the last
+The run is the newest finished pipeline run of the overlay in the MLflow store, and the commit named
+is the one whose code its stages ran (pipeline/record.py): where this checkout's code or params
+differ from what ran, or that code is committed nowhere, it refuses with one line and exit status 2
+and writes nothing. docs/results.md is headed by the run, that commit and the sha256 of dvc.lock,
+then the ledger (docs/ledger.csv, one row per reported run, newest first, to which this run's row
+is added: collectors/evaluation/ledger.py), then the evaluate stage's tables, the wall_check
+stage's pricing check, the GRAFT rows of the evaluate_graft stage (with the evaluate stage's student
+on the same cells), the budget table, the offline student table of the distill stage and the
+collect stage's per-report summary, as written by the last
 `dvc repro`. In README.md only the headline table between the `<!-- results:start -->` and
-`<!-- results:end -->` markers is rewritten. Every input is read and checked before either file
-is written, so a missing artifact leaves both files as they were.
+`<!-- results:end -->` markers is rewritten. Every input is read and checked before any file is
+written, so a missing artifact or a refusal leaves all three as they were.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.evaluation.ledger import (
+    LedgerRow,
+    add_run,
+    figures_of,
+    ledger_table,
+    read_ledger,
+    write_ledger,
+)
 from collectors.evaluation.results_text import (
     gains_line,
     graft_checks_line,
@@ -30,48 +43,74 @@ from collectors.evaluation.results_text import (
 )
 from config.params import Params, load_params, resolve
 from decoder.io.files import replace_atomically, sha256_of_file
+from pipeline.record import ProvenanceError, newest_run, reportable_commit
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-RESULTS_PAGE = "docs/results.md"
+RESULTS_PAGE, LEDGER = "docs/results.md", "docs/ledger.csv"
+# How the README's line and results.md's header name their source (tests read them back with it).
+NAMED = re.compile(r"commit `(?P<commit>[0-9a-f]{12,40})`, dvc\.lock sha256 `(?P<lock>[0-9a-f]{12,64})`")
+
+
+# Said under the ledger while it holds rows from before runs recorded their code.
+IMPORTED = (
+    " Rows whose run is docs/LOG.md were taken from the log's entries and the README of their day: "
+    "made before a run recorded its code, they name the commit the log names."
+)
 
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where a results page came from: the commit checked out and the digest of its dvc.lock."""
+    """What a results page names: the run, the commit whose code it ran, and dvc.lock's digest."""
 
     commit: str
-    dirty: bool
     lock_sha256: str
+    run_id: str  # "" for a run imported from docs/LOG.md
+    date: str
 
 
-def provenance(root: Path) -> Provenance:
-    """The checkout's commit (and whether tracked files differ from it) and dvc.lock's sha256."""
+def lock_digest(root: Path) -> str:
     lock = root / "dvc.lock"
     if not lock.is_file():
         raise FileNotFoundError(f"{lock}: missing; run `make repro` first")
+    return sha256_of_file(lock)
 
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
-        return done.stdout.strip()
 
-    commit = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return Provenance(commit, dirty, sha256_of_file(lock))
+def provenance_of(params: Params, root: Path) -> Provenance:
+    """The newest finished pipeline run of the overlay and the commit it may be reported under;
+    raises ProvenanceError (pipeline/record.py) where this checkout may not report it."""
+    record = newest_run(params)
+    return Provenance(reportable_commit(record, root), lock_digest(root), record.run_id, record.date)
 
 
 def provenance_line(prov: Provenance) -> str:
-    state = " with uncommitted changes" if prov.dirty else ""
+    run = (
+        f"MLflow pipeline run `{prov.run_id}` of {prov.date}"
+        if prov.run_id
+        else f"the run of {prov.date} recorded in docs/LOG.md"
+    )
     return (
-        f"Generated by `make results` from commit `{prov.commit}`{state} and a dvc.lock of sha256 "
-        f"`{prov.lock_sha256}`, the outputs of the last `dvc repro` on that checkout."
+        f"Generated by `make results` from {run}, whose stages ran the code of "
+        f"commit `{prov.commit}`, dvc.lock sha256 `{prov.lock_sha256}`."
     )
 
 
-def results_page(body: str, prov: Provenance) -> str:
-    """docs/results.md: the provenance first, then the generated tables."""
-    return f"# Results\n\n{provenance_line(prov)}\n\n{body}\n"
+def named_provenance(text: str) -> tuple[str, str] | None:
+    """(commit, lock digest) as the first provenance line in ``text`` names them, or None."""
+    found = NAMED.search(text)
+    return None if found is None else (found["commit"], found["lock"])
+
+
+def results_page(body: str, prov: Provenance, rows: list[LedgerRow]) -> str:
+    """docs/results.md: the provenance first, then the ledger, then the generated tables."""
+    ledger = (
+        f"## Ledger\n\nOne row per reported run, newest first ([{LEDGER.removeprefix('docs/')}]"
+        f"({LEDGER.removeprefix('docs/')}), added to by `make results`): the deployed scheduler's "
+        "priced gain over the better of All-Small and All-Mid per group of held-back cells, the "
+        "pricing check's rows within the band, and GRAFT's mean speedups over autoregressive decoding."
+        + IMPORTED * any(not r.run_id for r in rows)
+        + f"\n\n{ledger_table(rows)}"
+    )
+    return f"# Results\n\n{provenance_line(prov)}\n\n{ledger}\n\n{body}\n"
 
 
 def headline_section(params: Params, prov: Provenance) -> str:
@@ -83,11 +122,25 @@ def headline_section(params: Params, prov: Provenance) -> str:
         [
             START,
             headline_table(ev, graft, wall),
-            f"Commit `{prov.commit[:12]}`, dvc.lock sha256 `{prov.lock_sha256[:12]}`; every table "
-            f"of that run is in [{RESULTS_PAGE}]({RESULTS_PAGE}).",
+            f"Run of {prov.date}, commit `{prov.commit[:12]}`, dvc.lock sha256 `{prov.lock_sha256[:12]}`; "
+            f"every table of that run and the ledger of runs are in [{RESULTS_PAGE}]({RESULTS_PAGE}).",
             END,
         ]
     )
+
+
+def ledger_row(params: Params, prov: Provenance) -> LedgerRow:
+    """The run's row of the ledger, from the metrics the headline table reads."""
+    figures = figures_of(
+        *(json.loads(_read(resolve(out) / "metrics.json"))
+          for out in (params.evaluate.out_dir, params.graft_eval.out_dir, params.wall_check.out_dir))
+    )  # fmt: skip
+    return LedgerRow(prov.date, prov.commit, prov.lock_sha256, prov.run_id, "make results", figures)
+
+
+def read_ledger_file(root: Path) -> list[LedgerRow]:
+    path = root / LEDGER
+    return read_ledger(path.read_text(), str(path)) if path.is_file() else []
 
 
 def _read(path: Path) -> str:
@@ -199,22 +252,29 @@ def update(readme: Path, section: str) -> None:
     readme.write_text(replace_marked(readme.read_text(), section, str(readme)))
 
 
-def write_results(root: Path, body: str, headline: str, prov: Provenance) -> None:
-    """docs/results.md and the README's marked section; the README is checked before anything is
-    written, so bad markers leave both files untouched."""
+def write_results(root: Path, body: str, headline: str, prov: Provenance, row: LedgerRow) -> None:
+    """docs/results.md, the README's marked section and the ledger with ``row`` added; every text
+    is made (markers and ledger checked) before any file is written, so bad input leaves all three
+    untouched."""
     readme = root / "README.md"
     text = replace_marked(readme.read_text(), headline, str(readme))
-    replace_atomically(root / RESULTS_PAGE, results_page(body, prov).encode())
+    rows = add_run(read_ledger_file(root), row)
+    replace_atomically(root / RESULTS_PAGE, results_page(body, prov, rows).encode())
     replace_atomically(readme, text.encode())
+    replace_atomically(root / LEDGER, write_ledger(rows).encode())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     params = load_params(profile=args[0] if args else None)
     root = resolve(".")
-    prov = provenance(root)
-    body, headline = results_section(params), headline_section(params, prov)
-    write_results(root, body, headline, prov)
+    try:
+        prov = provenance_of(params, root)
+        body, headline = results_section(params), headline_section(params, prov)
+        write_results(root, body, headline, prov, ledger_row(params, prov))
+    except (ProvenanceError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -3,18 +3,20 @@
 Contract: :func:`stage_run` points MLflow at the local SQLite store of ``params.mlflow`` (telemetry
 off; run artifacts in ``mlruns/`` beside the database) and opens a run named after the stage, as a
 child (``mlflow.parentRunId``) of the pipeline run, tagged with the git revision and dirty flag,
-the hash of the params the stage reads and the hash of its input files (pipeline/provenance.py). It
+the code digest, the hash of the params it reads and of its input files (pipeline/provenance.py). It
 logs every params entry the stage declares in dvc.yaml, flattened (``collect.max_new_tokens``),
 and ``stage_seconds``; it closes the run (FAILED if the stage raised) and copies the stage's metrics
 onto the parent as ``<stage>/<metric>``, so pipeline runs compare side by side in the UI.
 
 The parent: ``make repro`` runs ``python -m pipeline.tracking start``, which creates it (tagged with
-the overlay, revision and params hash; every param logged) and prints its id, and passes the id to
-``dvc repro`` in the environment variable TREEGRAFT_PIPELINE_RUN (tracking only: no stage output
-depends on it); ``python -m pipeline.tracking end ID RC`` closes it, or deletes it when no stage ran.
-A stage run without that variable (plain ``dvc repro``, ``dvc exp run``, ``python -m
-pipeline.<stage>``) reuses the newest parent with the same pipeline key (git revision, and the hash of
-params.yaml plus the stage's overlay) or creates one, so it is still grouped.
+the overlay, revision, params hash and the code it starts on: ``code.digest`` of the working tree
+and ``code.dirty``, whether that differs from the revision's; every param logged) and prints its
+id, and passes the id to ``dvc repro`` in the environment variable TREEGRAFT_PIPELINE_RUN (tracking
+only: no stage output depends on it); ``python -m pipeline.tracking end ID RC`` closes it, or
+deletes it when no stage ran. A stage run without that variable (plain ``dvc repro``, ``dvc exp
+run``, ``python -m pipeline.<stage>``) reuses the newest parent with the same pipeline key (git
+revision, and the hash of params.yaml plus the stage's overlay) or creates one, so it is still
+grouped.
 
 Plots go through :func:`log_figure` (matplotlib, Agg backend). Metrics files are nested JSON for
 ``dvc metrics show``; plot data are CSV for ``dvc plots``.
@@ -45,15 +47,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from config.params import ROOT, MlflowParams, Params, load_params, plain, resolve
+from config.params import ROOT, MlflowParams, Params, load_params, resolve
 from pipeline.headline import headline_metrics
 from pipeline.provenance import (
     GitState,
+    code_digest,
+    commit_code_digest,
     data_hash,
     declared_values,
     flatten,
     git_state,
     json_sha256,
+    pipeline_values,
     stage_inputs,
 )
 from pipeline.provenance import git_revision as git_revision
@@ -67,7 +72,7 @@ PARENT_ENV = "TREEGRAFT_PIPELINE_RUN"
 KIND, KEY, STAGE, OVERLAY = "pipeline.kind", "pipeline.key", "pipeline.stage", "pipeline.overlay"
 PARAMS_HASH, DATA_HASH, DATA_INPUTS = "params.hash", "data.hash", "data.inputs"
 GIT_REVISION, GIT_DIRTY = "git.revision", "git.dirty"
-UNTRACKED = ("mlflow",)  # where runs are written: not part of what a pipeline run computes
+CODE_DIGEST, CODE_DIRTY = "code.digest", "code.dirty"  # pipeline/provenance.py code_digest
 
 
 TRACKING_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own variable: a user's server or store wins
@@ -141,8 +146,7 @@ class PipelineIdentity:
 
 
 def pipeline_identity(overlay: str) -> PipelineIdentity:
-    full = plain(load_params(profile=overlay))
-    values = flatten({k: v for k, v in full.items() if k not in UNTRACKED})
+    values = pipeline_values(load_params(profile=overlay))
     p_hash, git = json_sha256(values), git_state()
     # Not the dirty diff: editing a file while a pipeline runs must not split its stages apart.
     key = json_sha256({"params": p_hash, "revision": git.revision})
@@ -152,11 +156,14 @@ def pipeline_identity(overlay: str) -> PipelineIdentity:
 def create_pipeline_run(client: Any, exp_id: str, ident: PipelineIdentity, finished: bool) -> str:
     """A parent run named ``<overlay> @ <revision>`` with every param logged; returns its id."""
     dirty = "+dirty" if ident.git.dirty else ""
+    code = code_digest()
     tags = {
         KIND: "pipeline",
         KEY: ident.key,
         OVERLAY: ident.overlay,
         PARAMS_HASH: ident.params_hash,
+        CODE_DIGEST: code or "unknown",
+        CODE_DIRTY: str(code is None or code != commit_code_digest(ident.git.revision)).lower(),
         **_git_tags(ident.git),
     }
     run = client.create_run(exp_id, run_name=f"{ident.overlay} @ {ident.git.revision[:8]}{dirty}", tags=tags)
@@ -217,6 +224,7 @@ def stage_run(stage: str, params: Params) -> Iterator[Any]:
         PARAMS_HASH: json_sha256(values),
         DATA_HASH: data_hash(inputs),
         DATA_INPUTS: ",".join(_shown(p) for p in inputs),
+        CODE_DIGEST: code_digest() or "unknown",  # what the stage's process imports, checked by make results
         **_git_tags(git_state()),
     }
     t0 = time.perf_counter()

@@ -1,13 +1,15 @@
-"""`make results`: docs/results.md names its commit and dvc.lock; only the README's marked section changes."""
+"""`make results`: docs/results.md names its run, commit and dvc.lock; only the README's marked section
+changes. Which run and commit may be named is tests/test_results_provenance.py's business."""
 
 from __future__ import annotations
 
 import hashlib
-import subprocess
 
 import pytest
 from markdown_rows import md_rows, md_tables
+from results_artifacts import GRAFT, WALL, deployed, graft_cell, write_artifacts
 
+from collectors.evaluation.ledger import LedgerRow
 from collectors.evaluation.results_text import (
     gains_line,
     graft_checks_line,
@@ -19,16 +21,19 @@ from collectors.evaluation.results_text import (
 )
 from pipeline.readme import (
     END,
+    LEDGER,
     RESULTS_PAGE,
     START,
     Provenance,
-    provenance,
+    lock_digest,
+    named_provenance,
     results_page,
     update,
     write_results,
 )
 
-PROV = Provenance(commit="0123456789abcdef0123456789abcdef01234567", dirty=False, lock_sha256="ab" * 32)
+PROV = Provenance(commit="0123456789" * 4, lock_sha256="ab" * 32, run_id="f" * 32, date="2026-12-08")
+ROW = LedgerRow(PROV.date, PROV.commit, PROV.lock_sha256, PROV.run_id, "make results", {})
 
 
 def test_update_replaces_only_the_marked_section(tmp_path):
@@ -49,13 +54,6 @@ def test_gains_line():
     priced = {**stats, "student_at_least_best_fixed": 0.5}
     line = gains_line({"priced_speedup.fitting": priced, "speedup.fitting": stats})
     assert line.count("cells)") == 1 and "priced" in line and ">= best fixed on 50% of cells" in line
-
-
-def graft_cell(pair: str, dataset: str, graft: float, hindsight: float, learned: float = 1.0) -> dict:
-    row = {"mean_accepted": 1.5, "mismatch_rate": 0.2, "tree_size": 8.0, "budget": 8}
-    rows = {"graft": {**row, "speedup": graft}, "hindsight": {**row, "speedup": hindsight},
-            "full": {**row, "speedup": learned}}  # fmt: skip
-    return {"pair_id": pair, "dataset_id": dataset, "rows": rows}
 
 
 def test_student_table_puts_the_evaluate_students_cell_beside_graft_and_n_a_where_it_has_none():
@@ -134,17 +132,6 @@ def test_learned_budget_line_says_whether_full_graft_chose_per_task():
     assert "zoo-x 1.700x per task vs 1.800x once, chosen once" in line
 
 
-WALL = {
-    "summary": {
-        "stage": {"rows": 20, "within": 14, "outside": 2, "unresolved": 4, "min": 0.79, "median": 1.02,
-                  "max": 1.28},
-        "beside": {"rows": 20, "within": 17, "outside": 0, "unresolved": 3, "min": 0.88, "median": 0.99,
-                   "max": 1.12},
-    },
-    "profile_drift": {"zoo-l": {"verify": 0.8, "mid": 0.91}},
-}  # fmt: skip
-
-
 def test_pricing_line_sets_both_profiles_and_the_drift_side_by_side():
     line = pricing_line(WALL)
     assert (
@@ -172,41 +159,24 @@ def test_update_refuses_doubled_or_reversed_markers(tmp_path):
         assert readme.read_text() == text
 
 
-def test_results_page_is_headed_by_the_commit_and_the_lock_digest():
-    page = results_page("## Main table\n\n| a |", PROV)
+def test_results_page_is_headed_by_the_run_the_commit_and_the_lock_digest_then_the_ledger():
+    page = results_page("## Main table\n\n| a |", PROV, [ROW])
     head = page.splitlines()[2]
     assert page.startswith("# Results\n\n")
-    assert PROV.commit in head and PROV.lock_sha256 in head and "uncommitted" not in head
-    dirty = results_page("x", Provenance(PROV.commit, True, PROV.lock_sha256))
-    assert "with uncommitted changes" in dirty.splitlines()[2]
+    assert PROV.commit in head and PROV.lock_sha256 in head and PROV.run_id in head and PROV.date in head
+    assert named_provenance(page) == (PROV.commit, PROV.lock_sha256)
+    assert page.index("## Ledger") < page.index("## Main table")
+    assert "taken from the log" not in page  # only where the ledger holds an imported row
+    imported = results_page("x", Provenance(PROV.commit, PROV.lock_sha256, "", "2026-12-07"), [ROW])
+    assert "the run of 2026-12-07 recorded in docs/LOG.md" in imported.splitlines()[2]
 
 
-def test_provenance_reads_head_and_hashes_dvc_lock(tmp_path):
+def test_lock_digest_is_the_sha256_of_dvc_lock(tmp_path):
     lock = tmp_path / "dvc.lock"
     with pytest.raises(FileNotFoundError, match=r"dvc\.lock"):
-        provenance(tmp_path)
+        lock_digest(tmp_path)
     lock.write_text("schema: '2.0'\n")
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
-
-    git("init", "-q")
-    git("add", "dvc.lock")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "lock")
-    prov = provenance(tmp_path)
-    assert prov.commit == git("rev-parse", "HEAD").strip()
-    assert prov.lock_sha256 == hashlib.sha256(lock.read_bytes()).hexdigest() and not prov.dirty
-    lock.write_text("schema: '3.0'\n")  # an edit to a tracked file marks the checkout dirty
-    assert provenance(tmp_path).dirty
-
-
-def deployed(mean: float, worst: float, n: int, best: float | None = None) -> dict:
-    stats = {"student_gain_mean": mean, "student_gain_best": 1.5, "student_gain_worst": worst, "n_cells": n}
-    return stats if best is None else {**stats, "student_at_least_best_fixed": best}
-
-
-GRAFT = {"n_cells": 12, "mean_speedup": {"full": 1.63, "hindsight": 1.51},
-         "mean_wall_speedup": {"full": 1.72}, "full_graft_at_least_hindsight": 11 / 12}  # fmt: skip
+    assert lock_digest(tmp_path) == hashlib.sha256(lock.read_bytes()).hexdigest()
 
 
 def test_headline_table_has_one_row_per_group_the_pricing_check_and_the_graft_row():
@@ -231,56 +201,37 @@ def test_headline_table_has_one_row_per_group_the_pricing_check_and_the_graft_ro
         headline_table({"priced_speedup.fitting": deployed(1.0, 1.0, 1)}, GRAFT)
 
 
-def test_write_results_writes_both_files_or_neither(tmp_path):
+def test_write_results_writes_every_file_or_none(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# T\n{START}\nold\n{END}\n## Install\n")
-    write_results(tmp_path, "## Main table", f"{START}\n| new |\n{END}", PROV)
+    write_results(tmp_path, "## Main table", f"{START}\n| new |\n{END}", PROV, ROW)
     assert readme.read_text() == f"# T\n{START}\n| new |\n{END}\n## Install\n"
     page = (tmp_path / RESULTS_PAGE).read_text()
     assert PROV.commit in page and page.rstrip().endswith("## Main table")
+    assert PROV.run_id in (tmp_path / LEDGER).read_text()
+    # bad markers, then a ledger that does not read: each refuses before anything is written
     readme.write_text("# no markers\n")
     (tmp_path / RESULTS_PAGE).unlink()
     with pytest.raises(ValueError, match="markers"):
-        write_results(tmp_path, "body", f"{START}\nx\n{END}", PROV)
-    assert not (tmp_path / RESULTS_PAGE).exists() and readme.read_text() == "# no markers\n"
+        write_results(tmp_path, "body", f"{START}\nx\n{END}", PROV, ROW)
+    readme.write_text(f"{START}\n{END}\n")
+    (tmp_path / LEDGER).write_text("date,commit\n")
+    with pytest.raises(ValueError, match="columns"):
+        write_results(tmp_path, "body", f"{START}\nx\n{END}", PROV, ROW)
+    assert not (tmp_path / RESULTS_PAGE).exists() and readme.read_text() == f"{START}\n{END}\n"
+    assert (tmp_path / LEDGER).read_text() == "date,commit\n"
 
 
 def test_main_writes_the_results_page_and_the_headline_from_the_artifacts(tmp_path, monkeypatch):
     """The whole of `make results` on a fake checkout: every input read from the params' out_dirs."""
-    import json
-
     import pipeline.readme as readme_mod
     from config.params import load_params
 
     params = load_params()
     monkeypatch.setattr(readme_mod, "resolve", lambda p: tmp_path / p)
-    monkeypatch.setattr(readme_mod, "provenance", lambda root: PROV)
+    monkeypatch.setattr(readme_mod, "provenance_of", lambda params, root: PROV)
 
-    def put(out_dir: str, name: str, content: object) -> None:
-        path = tmp_path / out_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content if isinstance(content, str) else json.dumps(content))
-
-    ev = {"deployed.priced_speedup.fitting": deployed(1.095, 1.0, 25, 0.84)}
-    for name in ("table.md", "ablations.md"):
-        put(params.evaluate.out_dir, name, f"| {name} |")
-    put(params.evaluate.out_dir, "metrics.json", ev)
-    put(params.wall_check.out_dir, "wall.md", "| wall.md |")
-    put(params.wall_check.out_dir, "metrics.json", WALL)
-    put(params.evaluate.out_dir, "results.json", {"main": []})
-    put(params.budget.out_dir, "budgets.md", "| budgets |")
-    put(params.distill.out_dir, "offline.md", "| offline |")
-    put(params.collect.out_dir, "summary.md", "| summary |")
-    put(params.collect.out_dir, "metrics.json", {})
-    budgets = {"plain": {"budget": 9}, "tdes": {"budget": 10}}
-    graft = {**GRAFT, "pairs": {"zoo-m": {"learned_budget": budgets}},
-             "graft_at_least_hindsight": 0.0, "graft_rule_at_least_hindsight": 0.5,
-             "learned_at_least_saba_on_mean": True, "full_graft_at_least_saba_graft_on_mean": True,
-             "tdes_raises_a": 0.9, "tdes_keeps_or_raises_a": 0.9, "tdes_raises_a_at_learned_budget": 0.9,
-             "max_overhead_ms": 0.17}  # fmt: skip
-    put(params.graft_eval.out_dir, "metrics.json", graft)
-    put(params.graft_eval.out_dir, "cells.json", [graft_cell("zoo-m", "alpaca", 1.2, 1.1)])
-    put(params.graft_eval.out_dir, "graft.md", "| graft |")
+    write_artifacts(tmp_path, params)
     (tmp_path / "README.md").write_text(f"# T\n{START}\nold\n{END}\n## Install\n")
 
     assert readme_mod.main([]) == 0
