@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: setup setup-gpu test test-all test-gpu gpu-check lint bench bench-never-loses repro results bench-regimes \
-	bench-real-pair ui clean
+	real-pair bench-real-pair ui clean
 
 setup: $(STAMP)
 
@@ -84,34 +84,37 @@ bench-never-loses: repro
 bench-regimes: repro
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_regimes.py
 
-# The real Qwen2.5-Coder pair on this machine (opt-in, not in CI; ~1.4 GB download, ~2 h on 2
-# cores): build it, time its fp32 models with stock and oneDNN linears side by side
-# (benchmarks/bench_linear.py), profile its cost curves, let the budget stage choose its shape (B*,
-# policy or AR), collect a small slice and evaluate it with the default's student
-# (artifacts/real-pair/), then decode held-back prompts side by side in bf16 and fp32
-# (benchmarks/bench_real_pair.py), and per prompt AR against All-Small with the switch-off
-# (benchmarks/bench_never_loses.py: fp32 on oneDNN, bf16; wall and CPU time, outputs checked).
-# 2 held-back prompts of each of 6 datasets, 6 lockstep runs each; a prompt whose interval against
-# the 0.97x floor is undecided is timed again, up to 24 runs.
-NEVER_LOSES_PROMPTS = --datasets alpaca gsm8k humaneval mt_bench sum pydoc --per-dataset 2 \
-	--repeats 6 --most-repeats 24
-bench-real-pair: repro
+# The real Qwen2.5-Coder 1.5B/0.5B pair trains, deploys and evaluates its own scheduler (opt-in, not
+# in CI): install the conversion extras, build the pair once (~1.4 GB of downloads, checked by
+# SHA-256), run the whole pipeline with its overlay through DVC (profiles/real-pair.yaml: bf16, 5
+# categories x 4 collect prompts, 6 x 3 held-back cells; about an hour on 2 cores), then decode the
+# held-back prompts per dataset against every baseline in wall clock (benchmarks/bench_deployed.py)
+# and write docs/real-pair-results.md. `dvc exp run` keeps the experiment; `git checkout params.yaml
+# dvc.lock && dvc checkout` brings the default's outputs back.
+REAL := qwen2.5-coder-1.5b-0.5b
+real-pair: $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,ray,real-pair]"
 	HF_HUB_OFFLINE=1 $(PY) -m models.real_pair
+	@run=$$($(PY) -m pipeline.tracking --profile real-pair start) || exit 1; \
+	echo "MLflow pipeline run $$run"; \
+	PATH="$(abspath $(VENV))/bin:$$PATH" HF_HUB_OFFLINE=1 TREEGRAFT_PIPELINE_RUN=$$run \
+		$(VENV)/bin/dvc exp run -S overlay=real-pair; \
+	rc=$$?; $(PY) -m pipeline.tracking --profile real-pair end $$run $$rc; exit $$rc
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_deployed.py --profile real-pair --pair $(REAL) \
+		--out artifacts/bench/deployed_real
+	$(PY) -m pipeline.real_pair_results
+
+# After `make real-pair`: the pair's linear kernels (benchmarks/bench_linear.py) and, per prompt,
+# AR against the deployed policy with the per-request switch-off (benchmarks/bench_never_loses.py,
+# bf16; wall and CPU time, outputs checked): 2 held-back prompts of each of 6 datasets, 6 lockstep
+# runs each; a prompt whose interval against the 0.97x floor is undecided is timed again, up to 24.
+NEVER_LOSES_PROMPTS = --datasets alpaca gsm8k humaneval mt_bench sum pydoc --per-dataset 2 \
+	--repeats 6 --most-repeats 24
+bench-real-pair: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_linear.py
-	HF_HUB_OFFLINE=1 $(PY) -m pipeline.profile --profile real-pair
-	HF_HUB_OFFLINE=1 $(PY) -m pipeline.budget --profile real-pair
-	HF_HUB_OFFLINE=1 $(PY) -m pipeline.collect --profile real-pair
-	HF_HUB_OFFLINE=1 $(PY) -m pipeline.evaluate_fixed --profile real-pair
-	HF_HUB_OFFLINE=1 $(PY) -m pipeline.evaluate --profile real-pair
-	HF_HUB_OFFLINE=1 $(PY) -m pipeline.wall_check --profile real-pair
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_real_pair.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_never_loses.py --profile real-pair --switch-off \
-		$(NEVER_LOSES_PROMPTS) --pair qwen2.5-coder-1.5b-0.5b-fp32 --linear onednn --dtypes float32 \
-		--out artifacts/bench/never_loses_real_fp32
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_never_loses.py --profile real-pair --switch-off \
-		$(NEVER_LOSES_PROMPTS) --pair qwen2.5-coder-1.5b-0.5b --dtypes bfloat16 \
-		--out artifacts/bench/never_loses_real_bf16
+		$(NEVER_LOSES_PROMPTS) --pair $(REAL) --dtypes bfloat16 --out artifacts/bench/never_loses_real_bf16
+	$(PY) -m pipeline.real_pair_results
 
 # Writes docs/results.md, the README's headline table and a row of docs/ledger.csv from the newest
 # finished `make repro`, naming the commit whose code it ran (its MLflow parent run records it);

@@ -268,6 +268,9 @@ class BudgetParams(Section):
     shapes: tuple[tuple[PositiveInt, ...], ...]
     # mixed fixed schedules (bit strings, e.g. "10101") swept beside All-Small and All-Mid
     schedules: tuple[Bits, ...]
+    # pairs swept beside collect's and evaluate's: budgets.json prices every fixed policy for them,
+    # nothing else decodes them (the real pair's fp32 twin: does any mid-calling schedule pay?)
+    extra_pairs: tuple[str, ...]
     # per-round budget rule (decoder/core/budget.py verify_budget): multipliers of the gain scale fitted
     # on the sweep's rounds (collectors/pricing/budget_sweep.py gain_scale) tried; [] = off
     round_gain_scales: tuple[PositiveReal, ...] = ()

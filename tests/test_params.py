@@ -53,7 +53,9 @@ def test_real_pair_profile_trains_the_bf16_pair_on_its_own_reports() -> None:
     assert real.collect.pairs == real.evaluate.pairs == bf16 and real.evaluate.held_out_pairs == ()
     assert len(real.collect.datasets) >= 5 and real.collect.prompts_per_report >= 4
     assert len(real.evaluate.datasets) == 6 and real.evaluate.prompts_per_cell >= 3
-    assert set(real.profile.pairs) == {*bf16, *real.edges.pairs} and real.runtime.replay_batch_rows > 0
+    fp32 = ("qwen2.5-coder-1.5b-0.5b-fp32",)  # priced by the budget stage only
+    assert real.budget.extra_pairs == fp32 and real.runtime.replay_batch_rows > 0
+    assert set(real.profile.pairs) == {*bf16, *fp32, *real.edges.pairs}
 
 
 def _write_params(tmp_path: Path, mutate) -> Path:

@@ -249,12 +249,12 @@ def test_the_real_pair_page_is_generated_from_its_run_or_refused(checkout, monke
     write_artifacts(checkout, params)
     bench = checkout / real.BENCHES[1][1]
     bench.parent.mkdir(parents=True)
-    bench.with_suffix(".md").write_text("**float32**: wall clock pooled 1.11x\n")
+    bench.with_suffix(".md").write_text("**bfloat16**: wall clock pooled 1.11x\n")
     assert real.main([]) == 0
     page = (checkout / real.PAGE).read_text()
     assert run in page and git(checkout, "rev-parse", "HEAD") in page
     assert "| table.md |" in page and "| wall.md |" in page and "within on 14 of 20" in page
-    assert "pooled 1.11x" in page and page.count("Not run: `make bench-real-pair`") == 2
+    assert "pooled 1.11x" in page and page.count("Not run: `make real-pair`") == 1
 
 
 def test_this_repositorys_pages_and_ledger_name_the_same_run():

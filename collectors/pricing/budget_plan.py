@@ -1,6 +1,7 @@
 """What the budget stage sweeps: its pairs, each pair's prompt slices, and the tree shapes.
 
-Contract: :func:`budget_pairs` is collect.pairs, then the evaluate pairs collect lacks, in order.
+Contract: :func:`budget_pairs` is collect.pairs, then the evaluate pairs collect lacks, then
+budget.extra_pairs, in order.
 :func:`budget_specs` deals ``budget.prompts_per_pair`` prompts over ``budget.datasets`` in turn
 (prompt i is question collect.prompt_start + i // n of dataset i mod n; the stage refuses a slice
 reaching evaluate.prompt_start). :func:`tree_shapes` is ``budget.shapes`` as (width, topk,
@@ -15,8 +16,8 @@ from config.params import Params
 
 
 def budget_pairs(params: Params) -> list[str]:
-    """collect.pairs, then the evaluate pairs collect lacks, in order."""
-    return list(dict.fromkeys((*params.collect.pairs, *params.evaluate.pairs)))
+    """collect.pairs, then the evaluate pairs collect lacks, then budget.extra_pairs, in order."""
+    return list(dict.fromkeys((*params.collect.pairs, *params.evaluate.pairs, *params.budget.extra_pairs)))
 
 
 def budget_specs(params: Params, pair_id: str) -> list[ReportSpec]:
