@@ -24,13 +24,14 @@ from collect_workspace import (
 from conftest import noisy_copy, repeated_prompts, tiny_model
 from test_latency import linear_profile
 
+from collectors.collect import plan as plan_module
 from collectors.collect import replay, report
 from collectors.collect.execute import execute_prompt
 from collectors.collect.plan import plan_reports
 from collectors.collect.replay import Replayer, continuation_decoding
 from collectors.collect.report import inputs_key
 from config.params import Params, load_params
-from decoder.core.config import DecodeConfig
+from decoder.core.config import DecodeConfig, TreeConfig
 from decoder.core.policies import schedule_bits
 from decoder.models.pair import make_pair
 from pipeline.cli import stage_params
@@ -194,6 +195,16 @@ def test_bad_names_fail_before_any_work(workspace, change, message):
     with pytest.raises(ValueError, match=message):
         run_collect(params_for(workspace, name="bad", **change))
     assert not (out_dir / "reports").exists()
+
+
+def test_a_pair_grown_at_another_width_than_the_students_is_refused_before_any_work(workspace, monkeypatch):
+    """The budget stage's shape for a pair at W = 2 where tree.width is 10: the student's signals
+    would be declared for another width than they were collected at, which deploy would refuse."""
+    params = params_for(workspace, name="narrow")
+    monkeypatch.setattr(plan_module, "pair_tree", lambda p, pair: replace(TreeConfig(), width=2))
+    with pytest.raises(ValueError, match=r"gives \{'tiny': 2\} a tree width other than tree.width = 10"):
+        run_collect(params)
+    assert not (Path(params.collect.out_dir) / "reports").exists()
 
 
 def test_unsupported_depth(workspace):

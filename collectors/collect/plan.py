@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -90,10 +90,26 @@ def plan_reports(params: Params) -> Plan:
     if cfg.workers < 1:
         raise ValueError(f"collect.workers must be >= 1 (1: collect in this process), got {cfg.workers}")
     specs_for(params.tree.depth)
+    check_widths(params, cfg.pairs)
     reports_dir = resolve(cfg.out_dir) / "reports"
     stop = cfg.prompt_start + cfg.prompts_per_report
     reports = tuple(ReportSpec(p, d, cfg.prompt_start, stop) for p in cfg.pairs for d in cfg.datasets)
     return Plan(reports, reports_dir, {s.report_id: report_inputs(params, s) for s in reports})
+
+
+def check_widths(params: Params, pairs: Sequence[str]) -> None:
+    """Every collected pair grows its trees at the tree section's width W: the student's tree
+    signals read the top-W frontier, and the export declares W = tree.width for the decoder to
+    check. A pair the budget stage gave another width (a swept shape) is refused here, before any
+    collection, not at deploy."""
+    wide = {p: pair_tree(params, p).width for p in pairs}
+    other = {p: w for p, w in wide.items() if w != params.tree.width}
+    if other:
+        raise ValueError(
+            f"collect.pairs: the budget stage's shape gives {other} a tree width other than tree.width = "
+            f"{params.tree.width}, which the student's signals are declared for; set tree.width and "
+            "tree.topk to that shape, or budget.shapes to one shape of width tree.width"
+        )
 
 
 def report_inputs(params: Params, spec: ReportSpec) -> dict[str, object]:
