@@ -78,5 +78,20 @@ def test_the_table_shows_gains_intervals_counts_and_n_a():
     cells = [c.strip() for c in line[2].split("|")[1:-1]]
     assert cells[:6] == ["2026-12-08", "`cccccccccccc`", "`llllllllllll`", "`01234567`",
                          "+9.2% [+5.0%, +13.0%] (worst -0.8%)", "n/a"]  # fmt: skip
-    assert cells[8:11] == ["3 of 19", "2.01x [1.90, 2.10]", "n/a"]
+    assert cells[8:12] == ["n/a", "3 of 19", "2.01x [1.90, 2.10]", "n/a"]
     assert "| docs/LOG.md |" in line[3] and len(line[0].split("|")) == len(line[2].split("|"))
+
+
+def test_a_runs_figures_take_the_headline_intervals_where_it_has_them():
+    prefix = "deployed.priced_speedup."
+    ev = {f"{prefix}fitting": {"student_gain_mean": 1.1, "student_gain_worst": 0.99},
+          "headline": {"fitting": {"mean": [1.09, 1.05, 1.13], "worst": [0.995, 0.97, 1.01],
+                                   "vs_adaptive": [1.08, 1.02, 1.12]}}}  # fmt: skip
+    graft = {"mean_speedup": {"full": 2.0, "hindsight": 1.8}, "graft_vs_hindsight": [1.1, 1.0, 1.2]}
+    got = figures_of(ev, graft, {})
+    assert got["fitting_gain_mean"] == Figure(1.09, 1.05, 1.13)
+    assert got["fitting_gain_worst"] == Figure(0.995, 0.97, 1.01)
+    assert got["fitting_vs_adaptive_mean"] == Figure(1.08, 1.02, 1.12)
+    assert got["graft_vs_hindsight"] == Figure(1.1, 1.0, 1.2) and got["graft_priced_speedup"] == Figure(2.0)
+    without = figures_of({f"{prefix}fitting": ev[f"{prefix}fitting"]}, graft, {})
+    assert without["fitting_gain_mean"] == Figure(1.1) and "fitting_vs_adaptive_mean" not in without

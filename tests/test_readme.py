@@ -187,11 +187,12 @@ def test_headline_table_has_one_row_per_group_the_pricing_check_and_the_graft_ro
     }
     [lines] = md_tables(headline_table(metrics, GRAFT, WALL))
     assert len(lines) == 5
-    assert lines[1] == ["fitting (25)", "mean +9.5%, worst +0.0%", "84%"]
-    assert lines[2] == ["held-out pair (5)", "mean +15.1%, worst +2.2%", "100%"]
+    assert lines[1] == ["fitting (25)", "mean +9.5%, worst +0.0%", "84%", "n/a"]
+    assert lines[2] == ["held-out pair (5)", "mean +15.1%, worst +2.2%", "100%", "n/a"]
     assert lines[3] == [
         "pricing vs the clock (`wall_check`, 20 pair x policy)",
         "priced / measured median 1.02 (0.79-1.28); 95% interval within 0.90-1.10 on 14 of 20",
+        "",
         "",
     ]
     assert "full GRAFT 1.63x" in lines[4][1] and "1.72x wall clock" in lines[4][1] and "1.51x" in lines[4][1]
@@ -240,8 +241,23 @@ def test_main_writes_the_results_page_and_the_headline_from_the_artifacts(tmp_pa
     for table in ("| table.md |", "| wall.md |", "| budgets |", "| graft |", "| offline |", "| summary |"):
         assert table in page
     text = (tmp_path / "README.md").read_text()
-    assert ["fitting (25)", "mean +9.5%, worst +0.0%", "84%"] in md_rows(text)
+    assert ["fitting (25)", "mean +9.5%, worst +0.0%", "84%", "n/a"] in md_rows(text)
     assert "within 0.90-1.10 on 14 of 20" in text
     assert "Priced / measured (decoding only)" in page
     assert f"[{RESULTS_PAGE}]({RESULTS_PAGE})" in text and "| table.md |" not in text
     assert text.startswith("# T\n") and text.endswith(f"{END}\n## Install\n")
+
+
+def test_the_headline_carries_the_intervals_of_every_pass_and_the_adaptive_rule():
+    """Where evaluate priced its headline under every profile pass (``headline``), the table shows
+    each gain with its 95% interval and the deployed row's gain over the adaptive rule; the GRAFT
+    row adds full GRAFT against DDTree's best B in hindsight."""
+    metrics = {
+        "deployed.priced_speedup.fitting": deployed(1.095, 1.0, 25, 0.84),
+        "headline": {"fitting": {"mean": [1.09, 1.05, 1.13], "worst": [0.995, 0.97, 1.01],
+                                 "vs_adaptive": [1.08, 1.02, 1.12], "n_cells": 25}},
+    }  # fmt: skip
+    [lines] = md_tables(headline_table(metrics, {**GRAFT, "graft_vs_hindsight": [1.08, 1.01, 1.15]}, WALL))
+    assert lines[1] == ["fitting (25)", "mean +9.0% [+5.0%, +13.0%], worst -0.5% [-3.0%, +1.0%]", "84%",
+                        "+8.0% [+2.0%, +12.0%]"]  # fmt: skip
+    assert lines[-1][1].endswith("full GRAFT vs that best B +8.0% [+1.0%, +15.0%]")

@@ -18,6 +18,8 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tabulate import tabulate
+
 from collectors.evaluation.eval_report import metric_prefix
 
 GROUPS = ("fitting", "held-out_pair", "held-out_pair_and_task", "held-out_task")  # evaluate's groups
@@ -29,13 +31,15 @@ FIGURES = (
     "held_out_pair_and_task_gain_mean",
     "held_out_task_gain_mean",
     "held_out_task_gain_worst",
+    "fitting_vs_adaptive_mean",
     "pricing_within",
     "pricing_rows",
     "graft_priced_speedup",
     "graft_wall_speedup",
     "graft_hindsight_speedup",
+    "graft_vs_hindsight",
 )
-WITH_INTERVAL = frozenset(f for f in FIGURES if f.endswith(("_mean", "_speedup")))
+WITH_INTERVAL = frozenset(f for f in FIGURES if f.endswith(("_mean", "_worst", "_speedup", "_hindsight")))
 META = ("date", "commit", "lock_sha256", "run_id", "source")
 COLUMNS = (
     *META,
@@ -67,19 +71,31 @@ def _figure(stats: dict, key: str) -> Figure:
     return Figure(float(stats[key]), stats.get(f"{key}_lo"), stats.get(f"{key}_hi"))
 
 
+def _interval(v: Sequence[float]) -> Figure:
+    """A headline figure stored as [point, low, high] (collectors/evaluation/headline.py)."""
+    return Figure(float(v[0]), float(v[1]), float(v[2]))
+
+
 def figures_of(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict) -> dict[str, Figure]:
     """The headline figures of a run from the evaluate, evaluate_graft and wall_check metrics, as the
-    README's table (collectors/evaluation/results_text.py headline_table) shows them."""
+    README's table (collectors/evaluation/results_text.py headline_table) shows them: with their 95%
+    intervals where the run priced its headline under every profile pass (``headline``)."""
     out: dict[str, Figure] = {}
     prefix = metric_prefix("priced_speedup", "deployed")
+    spread = ev_metrics.get("headline", {})
     for group in GROUPS:
-        stats = ev_metrics.get(prefix + group)
+        stats, with_ci = ev_metrics.get(prefix + group), spread.get(group.replace("_", " "))
         if stats is None:
             continue
         name = group.replace("-", "_") + "_gain"
-        out[f"{name}_mean"] = _figure(stats, "student_gain_mean")
-        if f"{name}_worst" in FIGURES:
-            out[f"{name}_worst"] = _figure(stats, "student_gain_worst")
+        for what in ("mean", "worst"):
+            if f"{name}_{what}" in FIGURES:
+                plain = _figure(stats, f"student_gain_{what}")
+                out[f"{name}_{what}"] = _interval(with_ci[what]) if with_ci else plain
+    if "vs_adaptive" in spread.get("fitting", {}):
+        out["fitting_vs_adaptive_mean"] = _interval(spread["fitting"]["vs_adaptive"])
+    if "graft_vs_hindsight" in graft_metrics:
+        out["graft_vs_hindsight"] = _interval(graft_metrics["graft_vs_hindsight"])
     stage = wall_metrics.get("summary", {}).get("stage")
     if stage:
         out["pricing_within"], out["pricing_rows"] = Figure(stage["within"]), Figure(stage["rows"])
@@ -167,18 +183,17 @@ def gain_words(row: LedgerRow, group: str) -> str:
 
 def ledger_table(rows: Sequence[LedgerRow]) -> str:
     """The ledger as a Markdown table, newest first, one row per run."""
-    lines = [
-        "| date | commit | dvc.lock | run | " + " | ".join(g.replace("_", " ") for g in GROUPS)
-        + " | pricing within band | GRAFT priced | GRAFT wall | DDTree, best B in hindsight |",
-        "|---|---|---|---|" + "---|" * (len(GROUPS) + 4),
-    ]  # fmt: skip
+    head = ["date", "commit", "dvc.lock", "run", *(g.replace("_", " ") for g in GROUPS),
+            "fitting vs adaptive rule", "pricing within band", "GRAFT priced", "GRAFT wall",
+            "DDTree, best B in hindsight", "GRAFT vs hindsight"]  # fmt: skip
+    body = []
     for r in rows:
         f = r.figures
         within, of = f.get("pricing_within"), f.get("pricing_rows")
         pricing = "n/a" if within is None or of is None else f"{within.value:.0f} of {of.value:.0f}"
-        speedups = [_speedup(f.get(n)) for n in FIGURES if n.startswith("graft_")]
-        cells = [r.date, f"`{r.commit[:12]}`", f"`{r.lock_sha256[:12]}`" if r.lock_sha256 else "n/a",
-                 f"`{r.run_id[:8]}`" if r.run_id else r.source,
-                 *(gain_words(r, g) for g in GROUPS), pricing, *speedups]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        speedups = [_speedup(f.get(n)) for n in FIGURES if n.startswith("graft_") and n.endswith("speedup")]
+        body.append([r.date, f"`{r.commit[:12]}`", f"`{r.lock_sha256[:12]}`" if r.lock_sha256 else "n/a",
+                     f"`{r.run_id[:8]}`" if r.run_id else r.source, *(gain_words(r, g) for g in GROUPS),
+                     _gain(f.get("fitting_vs_adaptive_mean")), pricing, *speedups,
+                     _gain(f.get("graft_vs_hindsight"))])  # fmt: skip
+    return tabulate(body, head, tablefmt="github", disable_numparse=True)

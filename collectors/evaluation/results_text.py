@@ -12,8 +12,19 @@ from collectors.evaluation.eval_report import metric_prefix
 from collectors.evaluation.wall_agreement import AGREEMENT
 
 
-def _gain_words(stats: dict) -> str:
-    return f"mean {stats['student_gain_mean'] - 1:+.1%}, worst {stats['student_gain_worst'] - 1:+.1%}"
+def _pct(v) -> str:
+    """A gain as +x.x%, with its 95% interval where it is [point, low, high]."""
+    if isinstance(v, list | tuple):
+        return f"{v[0] - 1:+.1%} [{v[1] - 1:+.1%}, {v[2] - 1:+.1%}]"
+    return f"{v - 1:+.1%}"
+
+
+def _gain_words(stats: dict, spread: dict | None = None) -> str:
+    """The deployed row's mean and worst gain, with the intervals of the headline (evaluate's
+    ``headline``: under every profile pass and resampled prompts) where the run has them."""
+    if spread:
+        return f"mean {_pct(spread['mean'])}, worst {_pct(spread['worst'])}"
+    return f"mean {_pct(stats['student_gain_mean'])}, worst {_pct(stats['student_gain_worst'])}"
 
 
 def headline_table(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict | None = None) -> str:
@@ -24,20 +35,24 @@ def headline_table(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict | N
     priced = metric_prefix("priced_speedup", "deployed")
     head = [
         "held-back cells",
-        "deployed scheduler vs the better of All-Small and All-Mid, priced",
+        "deployed scheduler vs the better of All-Small and All-Mid, priced [95% interval]",
         ">= the best fixed schedule in hindsight",
+        "vs the adaptive rule",
     ]
     body = []
+    headline = ev_metrics.get("headline", {})
     for name, stats in sorted(ev_metrics.items()):
         if not name.startswith(priced):
             continue
         group = name.removeprefix(priced)
-        best = stats.get("student_at_least_best_fixed")
+        best, spread = stats.get("student_at_least_best_fixed"), headline.get(group.replace("_", " "))
+        over = (spread or {}).get("vs_adaptive") or stats.get("student_vs_adaptive_mean")
         body.append(
             [
                 f"{group.replace('_', ' ')} ({stats['n_cells']})",
-                _gain_words(stats),
+                _gain_words(stats, spread),
                 "n/a" if best is None else f"{best:.0%}",
+                "n/a" if over is None else _pct(over),
             ]
         )
     if not body:
@@ -51,17 +66,21 @@ def headline_table(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict | N
                 f"95% interval within {AGREEMENT[0]:.2f}-{AGREEMENT[1]:.2f} "
                 f"on {stage['within']} of {stage['rows']}",
                 "",
+                "",
             ]
         )
     means = graft_metrics["mean_speedup"]
     walls = graft_metrics.get("mean_wall_speedup", {})
     wall_full = f", {walls['full']:.2f}x wall clock" if "full" in walls else ""
+    vs = graft_metrics.get("graft_vs_hindsight")
+    against = f"; full GRAFT vs that best B {_pct(vs)}" if vs else ""
     body.append(
         [
             f"GRAFT, block drafters ({graft_metrics['n_cells']})",
             f"full GRAFT {means['full']:.2f}x over autoregressive decoding{wall_full}; "
-            f"DDTree at its best B in hindsight {means['hindsight']:.2f}x",
+            f"DDTree at its best B in hindsight {means['hindsight']:.2f}x{against}",
             f"{graft_metrics['full_graft_at_least_hindsight']:.0%} (vs DDTree's best B)",
+            "",
         ]
     )
     return tabulate(body, head, tablefmt="github", disable_numparse=True)
