@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from config.model_paths import resolve_model
 from config.validation import (
@@ -398,13 +398,24 @@ class WallCheckParams(Section):
 
     out_dir: OutputPath
     prompts_per_pair: AtLeast2  # a bootstrap over prompts needs two at least
-    methods: Names  # fixed schedules or student, value-planner
+    # more prompts, prompts_per_pair at a time, until every row's interval is resolved
+    most_prompts_per_pair: AtLeast2
+    methods: Names  # fixed schedules or student, value-planner, adaptive (the pair check's choice)
     min_ar_s: Real  # each prompt timed until AR's runs of it last this long ...
     max_repeats: PositiveInt  # ... at most this many times; every method keeps its median run
     bootstrap: PositiveInt  # resamples over prompts for the 95% intervals
     # lockstep: a prompt's methods decode together, one round of each in turn, each round timed on
     # its own, so a slow spell of a shared machine falls on all alike; sequential: one after another
     order: Order
+
+    @model_validator(mode="after")
+    def _most_at_least_one_batch(self) -> WallCheckParams:
+        if self.most_prompts_per_pair < self.prompts_per_pair:
+            raise ValueError(
+                f"most_prompts_per_pair ({self.most_prompts_per_pair}) must be >= prompts_per_pair "
+                f"({self.prompts_per_pair})"
+            )
+        return self
 
 
 class EdgesParams(Section):

@@ -181,3 +181,55 @@ def test_the_parent_runs_headline_reads_the_names_evaluate_and_wall_check_write(
     assert got["headline/deployed_gain_fitting_mean"] == pytest.approx(1.1)
     assert got["headline/deployed_gain_fitting_worst"] == pytest.approx(1.1)
     assert got["headline/pricing_ci_within_share"] == pytest.approx(0.5)
+
+
+def test_a_pair_decodes_more_prompts_until_every_row_is_resolved(monkeypatch):
+    """8 prompts a batch, up to 24: a row unresolved at 8 prompts brings a second batch, resolved at
+    16 it stops there; never resolved, it stops at 24; resolved at once, one batch. The answers and
+    the lossless counts of every batch add up."""
+    calls: list[list[int]] = []
+
+    def cell(pair, questions, prompts, methods, config, runtimes, profile, warmup, beside, repeats, lockstep):
+        calls.append([p[0] for p in prompts])
+        res = [SimpleNamespace(wall_s=2.0, prefill_s=0.5) for _ in prompts]
+        summary = {"dtype": "float32", "prompts": len(prompts), "sequence_agreement": 1.0,
+                   "token_agreement": 1.0, "near_ties": 1, "real_mismatches": 0}  # fmt: skip
+        return SimpleNamespace(results={AR: res, "m": res}, answers={AR: [{}] * len(prompts)},
+                               lossless={AR: summary, "m": summary})  # fmt: skip
+
+    def rows_resolved_at(n: int):
+        def rows(pair_id, times, n_boot):
+            done = len(times[AR].decode_s)
+            return [
+                {"method": "m", "n_prompts": done, "stage_verdict": "within" if done >= n else "unresolved"}
+            ]
+
+        return rows
+
+    questions = [SimpleNamespace(dataset="d") for _ in range(24)]
+    monkeypatch.setattr(wall_decode, "load_registered_pair", lambda params, pair_id: None)
+    monkeypatch.setattr(
+        wall_decode,
+        "pair_prompts",
+        lambda p, i, pair, n: (questions[:n], [[k] for k in range(n)], "P", list(range(n))),
+    )
+    monkeypatch.setattr(
+        wall_decode, "decode_config", lambda params, pair_id: SimpleNamespace(tree=SimpleNamespace(depth=5))
+    )
+    monkeypatch.setattr(wall_decode, "profile_beside", lambda params, pair, pair_id: "B")
+    monkeypatch.setattr(wall_decode, "profile_drift", lambda stage, beside: {})
+    monkeypatch.setattr(wall_decode, "evaluate_cell", cell)
+    monkeypatch.setattr(
+        wall_decode,
+        "prompt_times",
+        lambda res, policy, profiles: times([r.wall_s for r in res], [1.0] * len(res)),
+    )
+    params = SimpleNamespace(wall_check=SimpleNamespace(prompts_per_pair=8, most_prompts_per_pair=24,
+                                                        order="lockstep", bootstrap=100))  # fmt: skip
+    for resolved_at, batches in ((16, 2), (99, 3), (8, 1)):
+        calls.clear()
+        monkeypatch.setattr(wall_decode, "agreement_rows", rows_resolved_at(resolved_at))
+        got = wall_decode.check_pair(params, "p", ["m"], {"m": "a policy"}, None)
+        assert calls == [list(range(8 * b, 8 * b + 8)) for b in range(batches)]
+        assert got.rows[0]["n_prompts"] == 8 * batches and len(got.answers[(AR, "d")]) == 8 * batches
+        assert got.lossless["m"]["prompts"] == 8 * batches and got.lossless["m"]["near_ties"] == batches

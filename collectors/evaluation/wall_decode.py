@@ -1,13 +1,13 @@
 """The wall_check stage's decodes: a pair's prompts decoded for real, side by side, and timed.
 
-Contract: per pair, ``wall_check.prompts_per_pair`` of evaluate's held-back prompts (round-robin over
-``evaluate.datasets``) are decoded by the named methods and autoregressive decoding with the same
-warm-up (in lockstep by default: ``wall_check.order``), each prompt timed as often as
-decoder.measure.Repeats asks, every output checked against
-autoregressive decoding (collectors/evaluation/cell.py: LosslessError on a real mismatch). The pair
-is profiled again just before (one pass of the profile stage's measurement), and each prompt's
-decode time and its counts priced with both profiles are handed to
-collectors/evaluation/wall_agreement.py.
+Contract: per pair, evaluate's held-back prompts (round-robin over ``evaluate.datasets``),
+``wall_check.prompts_per_pair`` at a time until every row is resolved or
+``wall_check.most_prompts_per_pair`` are in, are decoded by the named methods and autoregressive
+decoding with the same warm-up (in lockstep by default: ``wall_check.order``), each prompt timed as
+often as decoder.measure.Repeats asks, every output checked against autoregressive decoding
+(collectors/evaluation/cell.py: LosslessError on a real mismatch). The pair is profiled again just
+before (one pass of the profile stage's measurement), and each prompt's decode time and its counts
+priced with both profiles are handed to collectors/evaluation/wall_agreement.py.
 """
 
 from __future__ import annotations
@@ -104,26 +104,51 @@ class PairCheck:
 def check_pair(
     params: Params, pair_id: str, names: Sequence[str], learned: Mapping[str, object], repeats: Repeats
 ) -> PairCheck:
-    """Profile the pair again, then decode ``wall_check.prompts_per_pair`` prompts (:func:`pair_prompts`)
-    with the methods ``names`` (:func:`wall_methods`, from ``learned`` or fixed) and AR side by side,
-    in ``wall_check.order`` (LosslessError on any real mismatch); returns the pair's rows and what
-    the stage writes."""
+    """Profile the pair again, then decode its prompts (:func:`pair_prompts`) with the methods
+    ``names`` (:func:`wall_methods`, from ``learned`` or fixed) and AR side by side, in
+    ``wall_check.order`` (LosslessError on any real mismatch), ``wall_check.prompts_per_pair`` at a
+    time until every method's priced / measured interval is resolved (within the band or outside it)
+    or ``wall_check.most_prompts_per_pair`` are decoded; returns the pair's rows and what the stage
+    writes. Deciding after each batch makes a wrong verdict somewhat likelier than one look's 5%."""
+    cfg = params.wall_check
     pair = load_registered_pair(params, pair_id)
-    questions, prompts, profile, runtimes = pair_prompts(
-        params, pair_id, pair, params.wall_check.prompts_per_pair
-    )
+    questions, prompts, profile, runtimes = pair_prompts(params, pair_id, pair, cfg.most_prompts_per_pair)
     config = decode_config(params, pair_id)
     methods = wall_methods(names, learned, config.tree.depth)
     beside = profile_beside(params, pair, pair_id)
-    lockstep = params.wall_check.order == "lockstep"
-    cell = evaluate_cell(pair, questions, prompts, methods, config, runtimes, profile, WARMUP_TOKENS,
-                         beside, repeats, lockstep)  # fmt: skip
+    lockstep = cfg.order == "lockstep"
     policy = {AR: AR, **{m.name: m.policy for m in methods}}
     profiles = {"stage": profile, "beside": beside}
-    times = {n: prompt_times(res, policy[n], profiles) for n, res in cell.results.items()}
+    results: dict[str, list[GenerationResult]] = {}
+    lossless: dict[str, list[dict]] = {}
     answers: dict[tuple[str, str], list[dict]] = {}
-    for name, records in cell.answers.items():
-        for q, record in zip(questions, records, strict=True):
-            answers.setdefault((name, q.dataset), []).append(record)
-    rows = agreement_rows(pair_id, times, params.wall_check.bootstrap)
-    return PairCheck(rows, profile_drift(profile, beside), beside, cell.lossless, answers)
+    done = 0
+    while True:
+        todo = slice(done, min(done + cfg.prompts_per_pair, len(prompts)))
+        cell = evaluate_cell(pair, questions[todo], prompts[todo], methods, config, runtimes[todo], profile,
+                             WARMUP_TOKENS, beside, repeats, lockstep)  # fmt: skip
+        for name, res in cell.results.items():
+            results.setdefault(name, []).extend(res)
+            lossless.setdefault(name, []).append(cell.lossless[name])
+        for name, records in cell.answers.items():
+            for q, record in zip(questions[todo], records, strict=True):
+                answers.setdefault((name, q.dataset), []).append(record)
+        done = todo.stop
+        times = {n: prompt_times(res, policy[n], profiles) for n, res in results.items()}
+        rows = agreement_rows(pair_id, times, cfg.bootstrap)
+        if done >= len(prompts) or all(r["stage_verdict"] != "unresolved" for r in rows):
+            break
+    return PairCheck(rows, profile_drift(profile, beside), beside, merge_lossless(lossless), answers)
+
+
+def merge_lossless(parts: Mapping[str, Sequence[dict]]) -> dict[str, dict]:
+    """Per method, its LosslessReport summaries of several batches of prompts as one."""
+    out = {}
+    for name, summaries in parts.items():
+        n = sum(s["prompts"] for s in summaries)
+        agreement = sum(s["sequence_agreement"] * s["prompts"] for s in summaries) / n if n else 1.0
+        tokens = sum(s["token_agreement"] * s["prompts"] for s in summaries) / n if n else 1.0
+        out[name] = {**summaries[0], "prompts": n, "sequence_agreement": agreement, "token_agreement": tokens,
+                     "near_ties": sum(s["near_ties"] for s in summaries),
+                     "real_mismatches": sum(s["real_mismatches"] for s in summaries)}  # fmt: skip
+    return out
