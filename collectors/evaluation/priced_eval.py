@@ -29,7 +29,8 @@ import numpy as np
 
 from collectors.collect.policy_replay import StepMemo, replay_policy
 from collectors.collect.records import RoundRecord, bits_text
-from collectors.collect.replay import Replayer, TargetRows, drafter_from_rows, drafter_rows
+from collectors.collect.replay import Replayer
+from collectors.collect.target_rows import TargetRows, drafter_from_rows, drafter_rows
 from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
 from decoder.core.config import DecodeConfig
 from decoder.core.ngram import NgramDrafter
