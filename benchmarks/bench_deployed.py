@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +66,7 @@ def bench_cell(params: Params, pair, pair_id: str, dataset: str, results: list[d
     methods = methods_for(params, pair_id, dataset, results)
     every: dict[str, list] = {}
     out = run_side_by_side(pair, prompts, methods, bundle.config, runtimes, timing=False,
-                           repeats=Repeats(math.inf, runs), every_run=every, lockstep=True)  # fmt: skip
+                           repeats=Repeats(1e9, runs), every_run=every, lockstep=True)  # fmt: skip
     judge = fp32_judge(pair.target)
     refs = [r.new_tokens for r in out[AR]]
     lossless = {}
