@@ -32,19 +32,14 @@ from collectors.evaluation.deployed import check_registered
 from collectors.evaluation.fixed_cells import calibration_path, read_fixed
 from collectors.evaluation.pair_check import choose, pair_check
 from collectors.evaluation.priced_eval import ENDPOINTS
-from collectors.evaluation.priced_tasks import calibration_range, decode_config, priced_cells
+from collectors.evaluation.priced_tasks import BUDGET, calibration_range, decode_config, priced_cells
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, resolve
 from decoder.core.adaptive import GRID, AdaptiveTiers, parse_adaptive
 from decoder.deploy.bundle import is_pair_name
-from decoder.deploy.deployment import (
-    FALLBACKS,
-    threshold_variants,
-    tree_record,
-    variant_name,
-)
+from decoder.deploy.deployment import threshold_variants, tree_record, variant_name
 from decoder.deploy.latency import LatencyProfile
-from decoder.deploy.record import SCHEMA_VERSION
+from decoder.deploy.record import SCHEMA_VERSION, is_fallback
 from decoder.deploy.runtime_costs import runtime_costs
 from decoder.deploy.scheduler import LearnedScheduler, read_artifact
 from decoder.io.files import sha256_of_file
@@ -77,7 +72,10 @@ def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dic
     out = {}
     for pair_id in cfg.pairs:
         cells_of_pair = [priced[(pair_id, d)] for d in datasets]
-        check = pair_check(cells_of_pair, (*preference_order(students), *ENDPOINTS))
+        fixed = [*ENDPOINTS, *([BUDGET] if all(BUDGET in c.methods for c in cells_of_pair) else [])]
+        check = pair_check(cells_of_pair, (*preference_order(students), *fixed))
+        if check["deploys"] == BUDGET:  # the budget stage's schedule, deployed by its own name
+            check["deploys"] = policy_name_of(cells_of_pair[0].methods[BUDGET].schedule)
         chosen, paired = choose(cells_of_pair, [t.name for t in GRID])
         check["adaptive"] = {"chosen": chosen, "paired": {n: list(v) for n, v in paired.items()}}
         out[pair_id] = check
@@ -85,6 +83,11 @@ def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dic
         log.info("%s: the pair check deploys %s (%.3fx [%.3f, %.3f] against %s); adaptive %s", pair_id,
                  check["deploys"], point, low, high, check["preferred"], chosen)  # fmt: skip
     return out
+
+
+def policy_name_of(bits: str) -> str:
+    """A fixed schedule's policy name: all-small, all-mid, or its bits."""
+    return {"0" * len(bits): "all-small", "1" * len(bits): "all-mid"}.get(bits, bits)
 
 
 def preference_order(students: Mapping[str, LearnedScheduler]) -> tuple[str, ...]:
@@ -98,7 +101,7 @@ def decision_of(check: Mapping[str, Any], students: Mapping[str, LearnedSchedule
     threshold offset and the threshold it decodes at for a student, both null for a fallback; the
     paired margins; the adaptive rule's chosen thresholds."""
     deploys = str(check["deploys"])
-    if deploys in FALLBACKS:
+    if is_fallback(deploys):
         offset, threshold = None, None
     else:
         offset = next(o for o in THRESHOLD_OFFSETS if variant_name(o) == deploys)

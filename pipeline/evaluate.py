@@ -40,7 +40,7 @@ from collectors.evaluation.eval_report import (
 from collectors.evaluation.fixed_cells import fixed_path, read_fixed
 from collectors.evaluation.headline import deployed_headline
 from collectors.evaluation.priced_eval import ENDPOINTS, PricedCell, fastest, pooled_speedups
-from collectors.evaluation.priced_tasks import priced_cells
+from collectors.evaluation.priced_tasks import BUDGET, priced_cells
 from config.params import Params, resolve
 from decoder.core.adaptive import GRID, AdaptiveTiers
 from decoder.deploy.deployment import Deployment
@@ -77,12 +77,26 @@ def evaluate_rows(
     for pair_id, dataset in cells:
         priced = priced_by_cell[(pair_id, dataset)]
         log.info("%s %s: best fixed schedule in hindsight %s", pair_id, dataset, priced.best_fixed)
-        deploys, chosen = deployments[pair_id].decision["deploys"], deployments[pair_id].adaptive.name
+        deploys = method_of(priced, deployments[pair_id].decision["deploys"])
+        chosen = deployments[pair_id].adaptive.name
         for row in cell_rows(priced, cfg.bootstrap, deploys, drop=tuple(extra), adaptive=chosen):
             row.update(pair_id=pair_id, dataset_id=dataset, is_held_out_pair=pair_id in cfg.held_out_pairs,
                        is_held_out_task=dataset in cfg.held_out_datasets)  # fmt: skip
             rows.append(row)
     return rows, priced_by_cell
+
+
+def method_of(priced: PricedCell, deploys: str) -> str:
+    """The cell's method a bundle's ``deploys`` names: itself, or, for a fixed schedule deployed by its
+    bits (the budget stage's), the fixed method with that schedule (``budget``)."""
+    if deploys in priced.methods:
+        return deploys
+    named = [n for n, m in priced.methods.items() if m.schedule == deploys and n != "best-fixed"]
+    if not named:
+        raise ValueError(
+            f"the pair deploys {deploys!r}, which no method of this cell is: {sorted(priced.methods)}"
+        )
+    return BUDGET if BUDGET in named else named[0]
 
 
 def threshold_transfer(
@@ -119,7 +133,8 @@ def main(params: Params) -> dict:
         rows, priced_by_cell = evaluate_rows(params, cells, policies, deployments, students, fixed_parts)
         fitting = [d for d in cfg.datasets if d not in cfg.held_out_datasets]
         transfer = threshold_transfer(priced_by_cell, checks, fitting)
-        deploys = {p: d.decision["deploys"] for p, d in deployments.items()}
+        first = {p: priced_by_cell[(p, cfg.datasets[0])] for p in cfg.pairs}
+        deploys = {p: method_of(first[p], d.decision["deploys"]) for p, d in deployments.items()}
         chosen = {p: c["adaptive"] for p, c in checks.items()}
         headline = deployed_headline(priced_by_cell, deploys, chosen, cell_groups(rows))
         metrics = {**summary_metrics(rows), "pair_check": checks, "threshold_transfer": transfer,

@@ -26,7 +26,13 @@ from collectors.evaluation.cell import WARM_AGAIN_TOKENS, WARMUP_TOKENS, evaluat
 from collectors.evaluation.deployed import check_registered
 from collectors.evaluation.fixed_cells import FIXED_METHODS, calibration_path, fixed_path, write_fixed
 from collectors.evaluation.priced_eval import ENDPOINTS, FIXED
-from collectors.evaluation.priced_tasks import calibration_range, cell_inputs, decode_config, priced_cells
+from collectors.evaluation.priced_tasks import (
+    BUDGET,
+    calibration_range,
+    cell_inputs,
+    decode_config,
+    priced_cells,
+)
 from config.params import Params, resolve
 from decoder.core.config import Grafting, TreeConfig
 from decoder.measure import Method
@@ -69,15 +75,16 @@ def ablation_rows(params: Params, cells: list[tuple[str, str]]) -> list[dict]:
 
 
 def calibration_cells(params: Params) -> dict:
-    """The endpoints priced on every pair check cell (each evaluated pair x fitting dataset, on the
-    calibration prompts: collectors.evaluation.priced_tasks.calibration_range), with the
-    continuations; ``deploy`` adds the students to them."""
+    """The endpoints and the pair's budget-stage schedule priced on every pair check cell (each
+    evaluated pair x fitting dataset, on the calibration prompts:
+    collectors.evaluation.priced_tasks.calibration_range), with the continuations; ``deploy`` adds
+    the students to them."""
     cfg = params.evaluate
     cells = [(p, d) for p in cfg.pairs for d in cfg.datasets if d not in cfg.held_out_datasets]
     prompts = calibration_range(
         params.collect.prompt_start, params.collect.prompts_per_report, cfg.prompt_start
     )
-    endpoints = {m: FIXED[m] for m in ENDPOINTS}
+    endpoints = {**{m: FIXED[m] for m in ENDPOINTS}, BUDGET: BUDGET}  # the pair check's fixed options
     with tqdm(total=len(cells) * prompts[1], desc="evaluate_fixed (calibration)", unit="prompt") as bar:
         return priced_cells(params, cells, {}, endpoints, bar.update, prompts, hindsight=False)
 

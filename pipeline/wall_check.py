@@ -31,6 +31,7 @@ from collectors.evaluation.wall_agreement import agreement_summary, agreement_ta
 from collectors.evaluation.wall_decode import check_pair, wall_methods
 from collectors.pricing.profile_passes import save_profile
 from config.params import Params, resolve
+from decoder.core.policies import AR
 from decoder.measure import Repeats
 from models.offline import THRESHOLD_OFFSETS
 from pipeline.cli import run_stage
@@ -60,8 +61,11 @@ def main(params: Params) -> dict:
         )  # a bad name fails here
         shifted = deployed_variants(deployments)
         rows, drift, lossless = [], {}, {}
+        # a pair deploying the budget stage's schedule (by its bits) decodes it too, under that name
+        fixed = {p: [d.decision["deploys"]] for p, d in deployments.items()
+                 if not d.is_learned and d.decision["deploys"] not in (*cfg.methods, AR)}  # fmt: skip
         for pair_id in tqdm(pairs, desc="wall_check", unit="pair"):
-            names = [*cfg.methods, *shifted.get(pair_id, {})]
+            names = [*cfg.methods, *shifted.get(pair_id, {}), *fixed.get(pair_id, [])]
             learned = {**policies, **adaptive[pair_id], **shifted.get(pair_id, {})}
             checked = check_pair(params, pair_id, names, learned, repeats)
             rows += checked.rows

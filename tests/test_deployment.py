@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from conftest import noisy_copy, tiny_model
 from test_policy_replay import _prompts
@@ -19,6 +20,7 @@ from test_scheduler_export import student_artifact
 from test_switch_off import profile as hand_profile
 
 import decoder
+from collectors.evaluation.priced_eval import PricedMethod
 from collectors.pricing.profile_passes import save_profile
 from decoder.core.adaptive import GRID
 from decoder.core.config import TreeConfig
@@ -327,13 +329,16 @@ def test_the_stored_decision_is_what_pair_checks_computes(tmp_path, student, mon
     margins and the adaptive rule's chosen thresholds."""
     students = deploy.threshold_variants(student, 5, 10, THRESHOLD_OFFSETS)
     ends = {"all-small": [100.0, 100.0], "all-mid": [80.0, 80.0]}
-    by_pair = {  # p: a shifted threshold beats All-Mid; q: no threshold does (All-Mid deployed)
+    by_pair = {  # p: a shifted threshold beats All-Mid; q: no threshold does (All-Mid deployed);
+        # r: the budget stage's schedule beats them all (deployed by its bits)
         "p": {n: [70.0, 75.0] if n == "student:-0.50" else [85.0, 85.0] for n in students},
         "q": {n: [90.0, 90.0] for n in students},
+        "r": {n: [90.0, 90.0] for n in students},
     }
+    budget = {"p": [99.0, 99.0], "q": [99.0, 99.0], "r": [60.0, 66.0]}
 
     def stored(path, cells):  # evaluate_fixed's calibration cells: the endpoints, priced
-        assert path.name == "calibration.json" and cells == [(p, d) for p in "pq" for d in "ab"]
+        assert path.name == "calibration.json" and cells == [(p, d) for p in "pqr" for d in "ab"]
         return {c: f"part of {c}" for c in cells}, []
 
     def priced(params, cells, policies, fixed, progress, prompts, hindsight, parts):
@@ -341,17 +346,23 @@ def test_the_stored_decision_is_what_pair_checks_computes(tmp_path, student, mon
         assert parts == {c: f"part of {c}" for c in cells}  # the students merged into the stored parts
         assert set(policies) == {*students, *(t.name for t in GRID)}  # and every adaptive variant
         rules = {t.name: [95.0, 95.0] if t.name == "adaptive:0:4" else [100.0, 100.0] for t in GRID}
-        return {(p, d): _cell_of([200.0, 200.0], **by_pair[p], **ends, **rules) for p, d in cells}
+        out = {(p, d): _cell_of([200.0, 200.0], **by_pair[p], **ends, **rules) for p, d in cells}
+        for (p, _), cell in out.items():  # the budget stage's schedule, priced under its name
+            cell.methods["budget"] = PricedMethod(
+                "budget", "10000", np.asarray(budget[p]), np.ones(2), 1.0, ()
+            )
+        return out
 
     monkeypatch.setattr(deploy, "read_fixed", stored)
     monkeypatch.setattr(deploy, "priced_cells", priced)
     params = SimpleNamespace(
-        evaluate=SimpleNamespace(pairs=["p", "q"], datasets=["a", "b", "c"], held_out_datasets=["c"],
+        evaluate=SimpleNamespace(pairs=["p", "q", "r"], datasets=["a", "b", "c"], held_out_datasets=["c"],
                                  prompt_start=40, out_dir="artifacts/evaluate"),
         collect=SimpleNamespace(prompt_start=0, prompts_per_report=6),
     )  # fmt: skip
     checks = deploy.pair_checks(params, students)
     assert checks["p"]["deploys"] == "student:-0.50" and checks["q"]["deploys"] == "all-mid"
+    assert checks["r"]["deploys"] == "10000" and checks["r"]["margin"][1] > 1.0
     for pair_id, check in checks.items():
         decision = deploy.decision_of(check, students)
         write_pair_bundle(tmp_path / pair_id, {**record(student, decision), "pair_id": pair_id},

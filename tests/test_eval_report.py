@@ -77,7 +77,7 @@ def test_summary_metrics():
 
 def test_main_table_sorted_by_group_then_cell():
     lines = main_table(ROWS).splitlines()
-    assert cells(lines[0])[:4] == ["pair", "dataset", "group", "all-small"] and len(cells(lines[0])) == 16
+    assert cells(lines[0])[:4] == ["pair", "dataset", "group", "all-small"] and len(cells(lines[0])) == 17
     assert [cells(line)[:3] for line in lines[2:]] == [
         ["a", "w", "fitting"],
         ["z", "x", "fitting"],
@@ -85,7 +85,8 @@ def test_main_table_sorted_by_group_then_cell():
         ["b", "y", "held-out task"],
     ]
     assert cells(lines[4])[3:] == [
-        "1.00x (1.50)", "2.00x (1.50)", "-", "-", "-", "-", "3.00x (1.50)", "-", "-", "+50.0%", "-", "-", "-",
+        "1.00x (1.50)", "2.00x (1.50)", "-", "-", "-", "-", "-", "3.00x (1.50)", "-", "-", "+50.0%", "-",
+        "-", "-",
     ]  # fmt: skip
 
 

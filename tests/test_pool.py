@@ -29,6 +29,7 @@ from collectors.evaluation.priced_eval import PricedCell, TargetMemo, priced_cel
 from collectors.evaluation.priced_tasks import (
     cell_inputs,
     decode_config,
+    fixed_for,
     longest_first,
     priced_cells,
     target_groups,
@@ -148,7 +149,15 @@ def test_priced_cells_sharing_a_target_equal_cell_by_cell(workspace, monkeypatch
         config = decode_config(one, cell[0])
         rows, passes = one.runtime.replay_batch_rows, pass_profiles(one, cell[0])
         alone = priced_cell(
-            pair, prompts, config, profile, runtime, POLICIES, FIXED_METHODS, batch_rows=rows, passes=passes
+            pair,
+            prompts,
+            config,
+            profile,
+            runtime,
+            POLICIES,
+            fixed_for(one, cell[0], FIXED_METHODS),
+            batch_rows=rows,
+            passes=passes,
         )
         _same(local[cell], alone)
         assert priced_rows(local[cell], 200) == priced_rows(alone, 200)

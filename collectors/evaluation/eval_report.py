@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 DEPLOYED = "deployed"  # per pair, the row of what its deployment bundle deploys (the pair check's)
 ADAPTIVE = "adaptive"  # per pair, the online adaptive rule at the thresholds its pair check chose
-MAIN_METHODS = ("all-small", "all-mid", "10101", "best-fixed", ADAPTIVE, "value-planner", "student", DEPLOYED)
+BUDGET = "budget"  # the pair's own budget-stage schedule (collectors.evaluation.priced_tasks.fixed_for)
+MAIN_METHODS = ("all-small", "all-mid", "10101", BUDGET, "best-fixed", ADAPTIVE, "value-planner", "student",
+                DEPLOYED)  # fmt: skip
 LEARNED = ("student", "deployed")  # the rows whose gains are reported
 ABLATIONS = ("full", "no-eg", "overwrite", "cascade")
 CELL = ("pair_id", "dataset_id")

@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 
 from collectors.evaluation.priced_eval import FIXED, Cell, PricedCell, PricedMethod, TargetRows
+from collectors.evaluation.priced_tasks import BUDGET
 from decoder.io.files import replace_atomically, sha256_of_file
 
 SCHEMA = "treegraft-evaluate-fixed/4"  # 2: the target's rows; 3: the rows as Parquet; 4: per-pass ms
@@ -46,7 +47,8 @@ ROWS_SCHEMA = {
 FILE = "fixed.json"
 CALIBRATION_FILE = "calibration.json"
 FOLDER = "fixed"  # under evaluate.out_dir
-FIXED_METHODS = {**FIXED, "10101": "10101"}  # the fixed schedules every cell reports
+# the fixed schedules every cell reports; "budget": the pair's own budget-stage schedule, where it has one
+FIXED_METHODS = {**FIXED, "10101": "10101", BUDGET: BUDGET}
 RERUN = "rerun the evaluate_fixed stage"
 
 

@@ -30,6 +30,7 @@ from collectors.evaluation.priced_eval import (
     priced_cell,
     prompts_digest,
 )
+from collectors.pricing.budget_file import pair_schedule
 from config.params import Params
 from decoder.core.config import DecodeConfig
 
@@ -94,7 +95,7 @@ def priced_group(
         pair = load_registered_pair(params, pair_id)
         _, prompts, profile, runtime = cell_inputs(params, pair_id, dataset, pair, n, start)
         config = decode_config(params, pair_id)
-        args = (pair, prompts, config, profile, runtime, dict(policies), dict(fixed))
+        args = (pair, prompts, config, profile, runtime, dict(policies), fixed_for(params, pair_id, fixed))
         rows, passes = params.runtime.replay_batch_rows, pass_profiles(params, pair_id)
         if fixed_parts is None:
             out.append(priced_cell(*args, memo=memo, hindsight=hindsight, batch_rows=rows, passes=passes))
@@ -109,6 +110,24 @@ def priced_group(
         learned = priced_cell(*args, memo=memo, hindsight=False, continuations=part.continuations,
                               rows=stored, batch_rows=rows, passes=passes)  # fmt: skip
         out.append(merge_parts(part, learned))
+    return out
+
+
+BUDGET = "budget"  # a fixed method named for each pair's own budget-stage schedule (fixed_for)
+
+
+def fixed_for(params: Params, pair_id: str, fixed: Mapping[str, str]) -> dict[str, str]:
+    """``fixed`` for one pair: a method whose schedule is ``BUDGET`` gets the fixed schedule the budget
+    stage chose for the pair (collectors.pricing.budget_file.pair_schedule), and is left out where
+    there is none (AR, or budgets not measured)."""
+    out = {}
+    for name, schedule in fixed.items():
+        if schedule == BUDGET:
+            chosen = pair_schedule(params, pair_id)
+            if chosen is None:
+                continue
+            schedule = chosen
+        out[name] = schedule
     return out
 
 

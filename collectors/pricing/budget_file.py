@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config.params import Params, resolve
+from decoder.core.policies import AR
 from decoder.io.files import replace_atomically
 
 BUDGETS_FILE = "budgets.json"
@@ -98,6 +99,19 @@ def read_pair_budget(params: Params, pair_id: str) -> PairBudget:
     return PairBudget(
         budgets[pair_id], _shape(path, pair_id, entry, default), _round_rule(path, pair_id, entry)
     )
+
+
+def pair_schedule(params: Params, pair_id: str) -> str | None:
+    """The fixed schedule the budget stage chose for ``pair_id`` (its entry's ``decode_policy``:
+    all-small, all-mid or a bit string), or None: AR, or no budget measured (mode fixed)."""
+    if params.budget.mode == "fixed":
+        return None
+    path = budgets_path(params)
+    entry = _read(path).get(pair_id)
+    if not isinstance(entry, dict):
+        raise BudgetFileError(f"{path}: no entry for pair {pair_id!r}; rerun the budget stage")
+    policy = entry.get("decode_policy")
+    return None if policy in (None, AR) else str(policy)
 
 
 def pair_budget(params: Params, pair_id: str) -> int:

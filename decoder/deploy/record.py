@@ -28,6 +28,13 @@ from decoder.deploy.bundle import HEX64, PAIR_NAME, DeploymentError
 SCHEMA_VERSION = "treegraft-deployment/2"  # /2: the paired margins and the adaptive rule's thresholds
 FALLBACKS = ("all-small", "all-mid", AR)  # what a pair deploys when no threshold beats its endpoints
 
+
+def is_fallback(deploys: str) -> bool:
+    """A fixed policy rather than the student: a named fallback or a fixed schedule's bits (the
+    budget stage's, where it beat the student on the calibration prompts)."""
+    return deploys in FALLBACKS or (bool(deploys) and set(deploys) <= {"0", "1"})
+
+
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -58,7 +65,8 @@ class Adaptive(_Record):
 
 
 class Decision(_Record):
-    """The pair check's (collectors/evaluation/pair_check.py): what the pair deploys, at which
+    """The pair check's (collectors/evaluation/pair_check.py): what the pair deploys (the student at an
+    offset, or a fixed policy: a named fallback or the budget stage's schedule as bits), at which
     threshold, on how many calibration prompts, the pooled speedup over AR of every option it
     priced, the option it prefers, every option's paired speedup over that one with its 95%
     interval, the chosen option's (``margin``), and the adaptive rule's thresholds."""
@@ -76,7 +84,7 @@ class Decision(_Record):
     @model_validator(mode="after")
     def _deploys_its_threshold(self) -> Decision:
         offset, threshold = self.threshold_offset, self.threshold
-        if self.deploys in FALLBACKS:
+        if is_fallback(self.deploys):
             if offset is not None or threshold is not None:
                 raise ValueError(f"a fallback ({self.deploys}) has threshold_offset and threshold null")
         elif offset is None or threshold is None:
@@ -85,7 +93,8 @@ class Decision(_Record):
             )
         elif self.deploys != variant_name(offset):
             raise ValueError(
-                f"deploys {self.deploys!r} must be one of {FALLBACKS} or {variant_name(offset)!r}"
+                f"deploys {self.deploys!r} must be one of {FALLBACKS}, a fixed schedule's bits or "
+                f"{variant_name(offset)!r}"
             )
         return self
 
