@@ -27,7 +27,7 @@ from decoder.core.config import TreeConfig
 from decoder.deploy.artifact import read_artifact
 from decoder.deploy.bundle import CHECKSUMS_FILE, INDEX_FILE
 from decoder.deploy.deployment import DEPLOYMENT_FILE, tree_record
-from decoder.deploy.record import SCHEMA_VERSION
+from decoder.deploy.record import SCHEMA_VERSION, is_fallback
 from decoder.deploy.scheduler import LearnedScheduler, check_features
 from decoder.deploy.switch_off import SwitchOff, for_deployment
 from decoder.generate import generate
@@ -37,6 +37,7 @@ from models.bundle import write_index, write_pair_bundle
 from models.checksums import seal_folder
 from models.offline import THRESHOLD_OFFSETS
 from pipeline import deploy
+from pipeline.evaluate import method_of
 
 TREE = TreeConfig(budget=16, width=10, topk=4, ngram_min_n=2)
 HEX = "0" * 64
@@ -377,3 +378,25 @@ def test_the_stored_decision_is_what_pair_checks_computes(tmp_path, student, mon
             assert d.policy.threshold == students[check["deploys"]].threshold
         else:
             assert d.policy == check["deploys"] and d.decision["threshold_offset"] is None
+
+
+def test_a_fixed_schedule_is_deployed_by_its_bits_and_read_back_as_its_row():
+    """A bundle deploying the budget stage's schedule names its bits (the endpoints by name), the
+    record takes bits as a fallback and nothing else that looks like one, and evaluate finds the
+    row a bundle names: the method itself, or for bits the budget stage's row rather than the
+    hindsight one that may hold the same schedule."""
+    assert [deploy.policy_name_of(b) for b in ("00000", "11111", "10000")] == [
+        "all-small",
+        "all-mid",
+        "10000",
+    ]
+    assert is_fallback("10000") and is_fallback("all-mid") and is_fallback("ar")
+    assert not is_fallback("student:-0.50") and not is_fallback("") and not is_fallback("1020")
+    methods = {
+        n: SimpleNamespace(schedule=s)
+        for n, s in [("all-small", "00000"), ("best-fixed", "10000"), ("budget", "10000"), ("student", None)]
+    }
+    cell = SimpleNamespace(methods=methods)
+    assert method_of(cell, "student") == "student" and method_of(cell, "10000") == "budget"
+    with pytest.raises(ValueError, match="'01000'"):
+        method_of(cell, "01000")
