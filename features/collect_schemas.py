@@ -31,9 +31,10 @@ from features.tables import TableSpec
 
 SCHEMA_VERSION = "v3"  # v2: per-prompt tokens and priced milliseconds (the bootstrap over prompts);
 # v3: the history's ngram_match_frac (the n-gram lookahead) where mid_calls_frac was
-ROUNDS_VERSION = "v6"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms;
+ROUNDS_VERSION = "v7"  # v2: prompt_tokens, mid_lag, latency priced with the lag's catch-up; v3: decision_ms;
 # v4: decision_cold_ms; v5: each step's signals end with the n-gram lookahead
-# (decoder.core.state.RECORDED_NAMES); v6: prompt_blocks (the prompt rows the round computes, in its latency)
+# (decoder.core.state.RECORDED_NAMES); v6: prompt_blocks (the prompt rows the round computes, in its latency);
+# v7: catch_up_ms (the part of the latency the lag's catch-up costs)
 MAX_DEPTH = 8  # schedule ids are int16 bit sets: 2^D schedules, D steps per round
 
 _KEYS = (("report_id", pa.string()), ("pair_id", pa.string()), ("dataset_id", pa.string()))
@@ -252,6 +253,8 @@ def rounds_spec(depth: int) -> TableSpec:
     round as execute mode would with that lag (its first mid call also catches up ``mid_lag``)
     and the ``prompt_blocks`` of the prompt's top-m rows it reads that the arrival the lag comes
     from had not read (collectors.collect.trajectory.arrival), one scheduler decision per step included;
+    ``catch_up_ms``: the part of ``round_latency_ms`` that catching up the lag costs (0 for a round
+    with no mid call or no lag);
     ``decision_ms``: the profile's cost of one decision, ``decision_cold_ms``: its extra once per
     round that decides (a fixed schedule, deciding nothing, pays neither).
     """
@@ -271,6 +274,7 @@ def rounds_spec(depth: int) -> TableSpec:
             ("n_small_steps", pa.int8()),
             ("prompt_blocks", pa.int16()),
             ("round_latency_ms", pa.float64()),
+            ("catch_up_ms", pa.float64()),
             ("decision_ms", pa.float64()),
             ("decision_cold_ms", pa.float64()),
             ("throughput_tok_per_s", pa.float64()),
@@ -289,9 +293,17 @@ def _rounds_contract(depth: int) -> Contract:
         rules=(
             in_range("schedule_id", 0, 2**depth - 1),
             *non_negative("prompt_id", "prompt_tokens", "start_position", "mid_lag", "accepted"),
-            *non_negative("verified_nodes", "prompt_blocks", "decision_ms", "decision_cold_ms"),
+            *non_negative(
+                "verified_nodes", "prompt_blocks", "decision_ms", "decision_cold_ms", "catch_up_ms"
+            ),
             *positive("round_latency_ms"),
             *elements_non_negative("mid_call_tokens"),
+            Rule("catch_up_ms", "below round_latency_ms", pl.col("catch_up_ms") < pl.col("round_latency_ms")),
+            Rule(
+                "catch_up_ms",
+                "0 without a lag or a mid call",
+                (pl.col("catch_up_ms") == 0) | ((pl.col("mid_lag") > 0) & (calls > 0)),
+            ),
             Rule(
                 "mid_call_tokens",
                 "one entry per mid call of the schedule",

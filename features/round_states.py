@@ -12,7 +12,8 @@ start, with the tree signals before each step):
   and the round's own n-gram lookahead before step k; the round's own tree signals before step k
   (signals and lookahead equal for every schedule sharing the prefix).
 - two margins, a schedule's round value being (accepted + 1) / its priced round ms (both in the
-  round table), each also relative (/ the better branch's value):
+  round table; the ms less the lag's catch-up where the report's best fixed schedule calls the mid
+  drafter, :func:`_with_values`), each also relative (/ the better branch's value):
   - ``margin_suffix_tok_per_s`` / ``margin_suffix_relative``, the training target
     (pipeline/distill.py): the round's value of prefix + '1' + the report's best suffix after it
     minus that of prefix + '0' + the report's best suffix after it, a suffix's merit being its
@@ -139,8 +140,7 @@ def round_states(rounds: pa.Table, context: pl.DataFrame, depth: int) -> pl.Data
     if missing.height:
         raise ValueError(f"rounds: report(s) {missing['report_id'].to_list()[:3]} have no canonical states")
     n_sig = len(RECORDED_NAMES)  # per step: the candidate signals, then the lookahead
-    value = (1e3 * (pl.col("accepted").cast(pl.Float64) + 1) / pl.col("round_latency_ms")).alias("value")
-    valued = frame.join(_schedules(depth), on="schedule_id").with_columns(value)
+    valued = _with_values(frame.join(_schedules(depth), on="schedule_id"))
     steps = (
         valued.with_columns(step=pl.lit(list(range(1, depth + 1)), pl.List(pl.Int64)))
         .explode("step")
@@ -174,6 +174,31 @@ def round_states(rounds: pa.Table, context: pl.DataFrame, depth: int) -> pl.Data
         .sort(list(KEY))
     )
     return out.select(round_state_names(depth))
+
+
+def _with_values(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` (round-table rows with their ``schedule`` strings) plus ``value``, the round's value
+    for the margins: 1e3 (accepted + 1) / its priced ms, where in a report whose best fixed schedule
+    calls the mid drafter the ms leave out the lag's catch-up (``catch_up_ms``).
+
+    Why: a margin compares this round's branches, each followed by the report's best fixed
+    continuation. Where that continuation calls the mid drafter, the lag is caught up whichever
+    branch this round takes (now, or in the next round's first call, a few tokens more), so charging
+    it to the branch that calls now measures when the catch-up is paid, not whether. Charged, a
+    round start with a long lag (every prompt's first: the whole prompt) says "skip"; a student that
+    skips there finds the lag longer at the next start, which says "skip" again, and online it never
+    calls the mid drafter (the real pair's first student decided as All-Small on every calibration
+    prompt, while the fixed 10000 priced 1.29x faster). Where the best fixed schedule is All-Small
+    the catch-up is paid only by calling, and stays charged. The walks price the table as it is."""
+    ms, accepted = pl.col("round_latency_ms"), pl.col("accepted").cast(pl.Float64) + 1
+    cost = frame.group_by("report_id", "schedule").agg((ms / accepted).sum().alias("cost"))
+    calls = (
+        cost.sort("cost", "schedule")
+        .group_by("report_id", maintain_order=True)
+        .agg(pl.col("schedule").first().str.contains("1").alias("best_calls_mid"))
+    )
+    paid = ms - pl.when(pl.col("best_calls_mid")).then(pl.col("catch_up_ms")).otherwise(0.0)
+    return frame.join(calls, on="report_id").with_columns((1e3 * accepted / paid).alias("value"))
 
 
 def _with_suffix_values(states: pl.DataFrame, values: pl.DataFrame, depth: int) -> pl.DataFrame:

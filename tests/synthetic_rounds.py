@@ -72,6 +72,7 @@ def synthetic_rounds(
                             "n_small_steps": depth - calls,
                             "prompt_blocks": 0,
                             "round_latency_ms": ms,
+                            "catch_up_ms": 0.0,  # the synthetic latencies hold no catch-up
                             "decision_ms": 0.01,
                             "decision_cold_ms": 0.02,
                             "throughput_tok_per_s": 1e3 * (accepted + 1) / ms,

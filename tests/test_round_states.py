@@ -36,14 +36,15 @@ def _signals(prefix: str, start: int) -> list[float]:
     ]
 
 
-def _rounds(drop: int | None = None, at_24: dict = OUTCOME):
+def _rounds(drop: int | None = None, at_24: dict = OUTCOME, at_20: dict = OUTCOME, catch_up: float = 0.0):
+    """The table; ``catch_up``: ms of each calling round's priced ms that its lag's catch-up costs."""
     rows = []
     for start in (20, 24):
         for sid in range(2**D):
             if sid == drop and start == 24:
                 continue
             bits = _bits(sid)
-            a, ms = (OUTCOME if start == 20 else at_24)[bits]
+            a, ms = (at_20 if start == 20 else at_24)[bits]
             rows.append(
                 {
                     "report_id": "r",
@@ -60,6 +61,7 @@ def _rounds(drop: int | None = None, at_24: dict = OUTCOME):
                     "n_small_steps": bits.count("0"),
                     "prompt_blocks": 0,
                     "round_latency_ms": ms,
+                    "catch_up_ms": catch_up if "1" in bits else 0.0,
                     "decision_ms": 0.01,
                     "decision_cold_ms": 0.02,
                     "throughput_tok_per_s": 1e3 * (a + 1) / ms,
@@ -172,3 +174,20 @@ def test_suffix_and_round_margins_agree_on_a_report_of_one_start():
     one = _rounds().filter(pa.compute.equal(_rounds()["start_position"], 20))
     states = round_states(one, CONTEXT, D)
     assert states["margin_suffix_relative"].to_numpy() == pytest.approx(states["margin_relative"].to_numpy())
+
+
+def test_the_catch_up_is_left_out_of_the_margins_where_the_best_fixed_schedule_pays_it_anyway():
+    """Every calling round's 10 ms of catch-up: where the report's best fixed schedule calls the mid
+    drafter ('10'), its continuation catches the lag up whichever branch a round takes, so the
+    margins value each round as if caught up (invoke at start 20: '10' at 5 tokens / 30 ms). Where
+    All-Small is the best fixed schedule only calling pays it, and the margins keep it."""
+    calls = round_states(_rounds(catch_up=10.0), CONTEXT, D)
+    first = calls.filter((pl.col("start_position") == 20) & (pl.col("step") == 1)).row(0, named=True)
+    assert first["invoke_tok_per_s"] == pytest.approx(max(5e3 / 30, 5e3 / 50))
+    assert first["skip_tok_per_s"] == pytest.approx(max(VALUE["00"], 4e3 / 40))
+    assert first["margin_suffix_tok_per_s"] == pytest.approx(5e3 / 30 - VALUE["00"])
+    cheap = {**OUTCOME, "00": (4, 20.0)}  # All-Small: 4 ms per token, the best fixed schedule
+    small = round_states(_rounds(at_24=cheap, at_20=cheap, catch_up=10.0), CONTEXT, D)
+    first = small.filter((pl.col("start_position") == 20) & (pl.col("step") == 1)).row(0, named=True)
+    assert first["invoke_tok_per_s"] == pytest.approx(VALUE["10"])  # charged: 5 tokens / 40 ms
+    assert first["margin_suffix_tok_per_s"] == pytest.approx(VALUE["10"] - 250.0)

@@ -8,6 +8,8 @@ start both hold, for every bit prefix the student took there, the vectors must a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
 import pytest
@@ -18,7 +20,7 @@ from collectors.collect.execute import execute_prompt
 from collectors.collect.records import runtime_for
 from collectors.collect.report import ReportSpec, collect_report
 from config.params import TrainConfig
-from decoder.core.config import DecodeConfig
+from decoder.core.config import DecodeConfig, TreeConfig
 from decoder.core.outcome import first_round_start
 from decoder.core.policies import schedule_bits
 from decoder.core.state import CONTEXT_NAMES, LOOKAHEAD_NAME, history_names, state_feature_names
@@ -47,21 +49,32 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return repeated_prompts(n, seed, base=(5, 14), cut=(12, 40))
 
 
-@pytest.fixture(scope="module")
-def collected():
+# (tree, replay batch rows): the default tree replayed one start at a time, and the real pair's
+# narrow tree (profiles/real-pair.yaml: W x m = 2 x 2, n-gram matches >= 2) replayed batched
+SHAPES = {
+    "default": (TreeConfig(), 0),
+    "narrow-batched": (TreeConfig(width=2, topk=2, budget=13, ngram_min_n=2), 64),
+}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def collected(request):
+    tree, batch_rows = SHAPES[request.param]
     target = tiny_model("qwen3", seed=91)
     pair = make_pair(target, noisy_copy(target, 0.3, seed=92), eos_token_ids=(0,))
-    config = DecodeConfig(max_new_tokens=24)
+    config = DecodeConfig(max_new_tokens=24, tree=tree)
     profile = linear_profile()
     prompts = _prompts(3, seed=93)
     spec = ReportSpec("tiny", "toy", 0, len(prompts))
-    tables = collect_report(spec, pair, prompts, profile, config, "replay", False, round_table_stride=1)
+    tables = collect_report(
+        spec, pair, prompts, profile, config, "replay", False, round_table_stride=1, batch_rows=batch_rows
+    )
     folds = pl.DataFrame({"report_id": [spec.report_id], "fold_id": [0]})
     states = round_states(tables.rounds, report_context(tables.actions, folds), DEPTH)
     return pair, config, profile, prompts, states, tables.rounds
 
 
-def _export(states: pl.DataFrame, path) -> None:
+def _export(states: pl.DataFrame, path, width: int) -> None:
     names = state_feature_names(DEPTH, SIGNALS)
     z, margin = feature_matrix(states, names), states["margin_relative"].to_numpy()
     spec = StudentSpec("weighted_logistic", (64, 32), FAST, 0.0, nested_threshold=False)
@@ -72,7 +85,7 @@ def _export(states: pl.DataFrame, path) -> None:
     manifest = build_manifest(
         kind="student",
         depth=DEPTH,
-        width=DecodeConfig().tree.width,
+        width=width,
         feature_names=names,
         input_names=names,
         x_mean=st.x_std.mean,
@@ -88,7 +101,7 @@ def _export(states: pl.DataFrame, path) -> None:
 
 def test_runtime_vectors_equal_the_round_states(collected, tmp_path):
     pair, config, profile, prompts, states, _ = collected
-    _export(states, tmp_path / "student")
+    _export(states, tmp_path / "student", config.tree.width)
     sched = load_scheduler(tmp_path / "student", DEPTH, config.tree.width)
     names = state_feature_names(DEPTH, SIGNALS)
     lag_col = names.index("log_mid_lag")
@@ -162,16 +175,17 @@ def test_runtime_vectors_equal_the_round_states(collected, tmp_path):
 def test_round_table_prices_a_round_as_execute_mode_pays_it_at_that_lag(collected):
     """Where a fixed schedule's real trajectory passes a round-table start with the lag and the
     prompt-row blocks to compute the table holds there, the table's round latency is that real
-    round's price (catch-up and the blocks included)."""
+    round's price (catch-up and the blocks included), and its catch_up_ms what the catch-up adds."""
     pair, config, profile, prompts, _, rounds = collected
     table = {
-        (p, s, sid): ((lag, blocks), ms)
-        for p, s, sid, lag, blocks, ms in zip(
+        (p, s, sid): ((lag, blocks), (ms, catch_up))
+        for p, s, sid, lag, blocks, ms, catch_up in zip(
             *(
                 rounds.column(c).to_pylist()
                 for c in ("prompt_id", "start_position", "schedule_id", "mid_lag", "prompt_blocks")
             ),
             rounds.column("round_latency_ms").to_pylist(),
+            rounds.column("catch_up_ms").to_pylist(),
             strict=True,
         )
     }
@@ -182,10 +196,14 @@ def test_round_table_prices_a_round_as_execute_mode_pays_it_at_that_lag(collecte
             records, _ = execute_prompt(pair, prompt, bits, config)
             start = first_round_start(prompt)
             for rec in records:
-                lag, ms = table.get((p_id, start, sid), (None, None))
+                lag, (ms, catch_up) = table.get((p_id, start, sid), (None, (None, None)))
                 if lag == (rec.mid_lag, rec.prompt_blocks):
                     matched += 1
                     caught_up += rec.mid_catch_up > 0
                     assert ms == pytest.approx(price_round(profile, rec.counts()), rel=1e-12)
+                    # the catch-up's part: the round less the same round arriving caught up
+                    without = price_round(profile, replace(rec, mid_catch_up=0).counts())
+                    assert catch_up == pytest.approx(ms - without, rel=1e-9, abs=1e-12)
+                    assert (catch_up > 0) == (rec.mid_catch_up > 0)
                 start += rec.emitted
     assert matched >= 4 and caught_up >= 1, (matched, caught_up)

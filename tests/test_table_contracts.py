@@ -66,7 +66,14 @@ MUST_REFUSE = {
 NON_NEGATIVE = {
     "actions": {"target_ms", "mid_ms", "log_prompt_tokens", "log_mid_lag", "frontier_size", *OUTCOME},
     "trajectories": {"n_tokens", "n_small_steps", "mid_catch_up_tokens", "tokens_per_round", *OUTCOME},
-    "rounds": {"verified_nodes", "prompt_blocks", "round_latency_ms", "decision_ms", "decision_cold_ms"},
+    "rounds": {
+        "verified_nodes",
+        "prompt_blocks",
+        "round_latency_ms",
+        "catch_up_ms",
+        "decision_ms",
+        "decision_cold_ms",
+    },
 }
 
 

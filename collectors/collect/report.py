@@ -171,13 +171,15 @@ def _round_rows(
     """Every schedule from every round-table start, priced as execute mode would price it arriving
     with the start's mid lag: the first mid call also forwards the lag (catch-up), as in
     RoundRecord.counts, with the same tree and frontier counts as the trajectory rows; the prompt-row
-    blocks it reads are charged where the arrival the lag comes from had not read them."""
+    blocks it reads are charged where the arrival the lag comes from had not read them; ``catch_up_ms``
+    is what the catch-up adds (the round priced with it less the round priced as if caught up)."""
     rows = []
     for start, outcomes in sorted(rep.starts.items()):
         depth = len(outcomes[0].signals)
         lag, seen = rep.start_lags[start], rep.start_blocks[start]
         counts = [_counts(o, depth, lag, seen) for o in outcomes]
         ms = [price_round(profile, c) for c in counts]
+        caught_up = [price_round(profile, _counts(o, depth, 0, seen)) for o in outcomes]
         tps = [1e3 * (o.accepted + 1) / t for o, t in zip(outcomes, ms, strict=True)]
         best = max(range(len(outcomes)), key=lambda s: (tps[s], -s))
         for s, o in enumerate(outcomes):
@@ -195,6 +197,7 @@ def _round_rows(
                     "n_small_steps": depth - len(o.mid_tree_tokens),
                     "prompt_blocks": counts[s].prompt_blocks,
                     "round_latency_ms": ms[s],
+                    "catch_up_ms": max(0.0, ms[s] - caught_up[s]) if o.mid_tree_tokens and lag else 0.0,
                     "decision_ms": profile.decision_ms,
                     "decision_cold_ms": profile.decision_cold_ms,
                     "throughput_tok_per_s": tps[s],
