@@ -32,7 +32,13 @@ from collectors.evaluation.deployed import check_registered
 from collectors.evaluation.fixed_cells import calibration_path, read_fixed
 from collectors.evaluation.pair_check import choose, pair_check
 from collectors.evaluation.priced_eval import ENDPOINTS
-from collectors.evaluation.priced_tasks import BUDGET, calibration_range, decode_config, priced_cells
+from collectors.evaluation.priced_tasks import (
+    BUDGET,
+    calibration_range,
+    decode_config,
+    policy_name_of,
+    priced_cells,
+)
 from collectors.pricing.budget_file import budgets_path
 from config.params import Params, resolve
 from decoder.core.adaptive import GRID, AdaptiveTiers, parse_adaptive
@@ -83,11 +89,6 @@ def pair_checks(params: Params, students: Mapping[str, LearnedScheduler]) -> dic
         log.info("%s: the pair check deploys %s (%.3fx [%.3f, %.3f] against %s); adaptive %s", pair_id,
                  check["deploys"], point, low, high, check["preferred"], chosen)  # fmt: skip
     return out
-
-
-def policy_name_of(bits: str) -> str:
-    """A fixed schedule's policy name: all-small, all-mid, or its bits."""
-    return {"0" * len(bits): "all-small", "1" * len(bits): "all-mid"}.get(bits, bits)
 
 
 def preference_order(students: Mapping[str, LearnedScheduler]) -> tuple[str, ...]:

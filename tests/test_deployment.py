@@ -21,6 +21,7 @@ from test_switch_off import profile as hand_profile
 
 import decoder
 from collectors.evaluation.priced_eval import PricedMethod
+from collectors.evaluation.priced_tasks import policy_name_of
 from collectors.pricing.profile_passes import save_profile
 from decoder.core.adaptive import GRID
 from decoder.core.config import TreeConfig
@@ -385,7 +386,7 @@ def test_a_fixed_schedule_is_deployed_by_its_bits_and_read_back_as_its_row():
     record takes bits as a fallback and nothing else that looks like one, and evaluate finds the
     row a bundle names: the method itself, or for bits the budget stage's row rather than the
     hindsight one that may hold the same schedule."""
-    assert [deploy.policy_name_of(b) for b in ("00000", "11111", "10000")] == [
+    assert [policy_name_of(b) for b in ("00000", "11111", "10000")] == [
         "all-small",
         "all-mid",
         "10000",

@@ -42,7 +42,10 @@ def _check(deploys: str, speedup: dict[str, float], adaptive: str) -> dict:
 CHECKS = {
     "zoo-m": _check("student:-0.50", {"all-small": 1.1, "all-mid": 1.0}, "adaptive:0.05:8"),
     "zoo-s": _check("all-small", {"all-small": 1.2, "all-mid": 0.9}, "adaptive:0.15:16"),
+    # the budget stage's fixed schedule, deployed by its bits
+    "zoo-chat-m": _check("10000", {"all-small": 1.0, "all-mid": 1.1, "budget": 1.3}, "adaptive:0:4"),
 }
+BUDGET_POLICY = {"zoo-chat-m": "10000"}  # the budget stage's schedules, where a pair has one
 REPORTED = ("deploys", "prompts", "speedup", "preferred", "margin")  # what evaluate reports of a check
 
 
@@ -91,8 +94,9 @@ def test_the_stage_writes_a_checked_bundle_per_pair(staged):
     assert load_deployment(root / "deploy", "zoo-s").policy == "all-small"
 
 
-def test_evaluate_takes_the_bundles_and_refuses_a_stale_one(staged):
+def test_evaluate_takes_the_bundles_and_refuses_a_stale_one(staged, monkeypatch):
     params, root, _ = staged
+    monkeypatch.setattr(deployed, "budget_policy", lambda params, pair_id: BUDGET_POLICY.get(pair_id))
     tree = tree_config(params.tree)
     students = threshold_variants(
         root / "export" / "scheduler.json", tree.depth, tree.width, THRESHOLD_OFFSETS
@@ -107,3 +111,7 @@ def test_evaluate_takes_the_bundles_and_refuses_a_stale_one(staged):
         deployed.deployed_checks(params, {"zoo-m": dataclasses.replace(tree, budget=7)}, students)
     with pytest.raises(DeploymentError, match="no pair 'zoo-l'"):
         deployed.deployed_checks(params, {"zoo-l": tree}, students)
+    # a fixed schedule other than the budget stage's for the pair (which may have moved): stale
+    monkeypatch.setattr(deployed, "budget_policy", lambda params, pair_id: "01000")
+    with pytest.raises(ValueError, match=r"zoo-chat-m: the bundle's policy 10000 .* all-mid, 01000"):
+        deployed.deployed_checks(params, {"zoo-chat-m": tree}, students)

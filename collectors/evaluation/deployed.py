@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from collectors.collect.plan import profile_for, tree_config
 from collectors.evaluation.eval_report import DEPLOYED
 from collectors.evaluation.priced_eval import ENDPOINTS
-from collectors.evaluation.priced_tasks import decode_config
+from collectors.evaluation.priced_tasks import budget_policy, decode_config
 from config.params import Params, resolve
 from decoder.core.config import TreeConfig
 from decoder.deploy.deployment import Deployment, load_deployment, threshold_variants, variant_name
@@ -48,8 +48,9 @@ def deployed_checks(
 ) -> dict[str, Deployment]:
     """Every evaluated pair's deployment bundle (``deploy.out_dir``), loaded and checked by the
     decoder, whose tree, runtime costs and student must be the ones the stage decodes the pair with
-    (``tree_of``, the pair's profile, the exported student, one of whose ``students`` it deploys or a
-    fallback): a bundle written from other inputs is stale, its rows would not be what it deploys."""
+    (``tree_of``, the pair's profile, the exported student, one of whose ``students`` it deploys, an
+    endpoint, or the budget stage's fixed schedule for the pair): a bundle written from other inputs
+    is stale, its rows would not be what it deploys."""
     root = resolve(params.deploy.out_dir)
     student = students[variant_name(0.0)].manifest["manifest_sha256"]
     out = {}
@@ -57,11 +58,17 @@ def deployed_checks(
         d = load_deployment(root, pair_id)
         costs = runtime_costs(profile_for(params, pair_id), tree)
         deploys = d.decision["deploys"]
+        budget = budget_policy(params, pair_id)
+        fixed = (*ENDPOINTS, *([budget] if budget else []))
         for what, bundle, here in (
             ("tree", d.config.tree, tree),
             ("runtime costs", d.costs, costs),
             ("student manifest_sha256", d.record["student_manifest_sha256"], student),
-            ("policy", deploys, deploys if deploys in (*students, *ENDPOINTS) else "a student or endpoint"),
+            (
+                "policy",
+                deploys,
+                deploys if deploys in (*students, *fixed) else f"a student or {', '.join(fixed)}",
+            ),
         ):
             if bundle != here:
                 raise ValueError(

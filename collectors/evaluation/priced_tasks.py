@@ -131,6 +131,18 @@ def fixed_for(params: Params, pair_id: str, fixed: Mapping[str, str]) -> dict[st
     return out
 
 
+def policy_name_of(schedule: str) -> str:
+    """A fixed schedule's policy name, as a bundle deploys it: all-small, all-mid, or its bits (a
+    name passes through)."""
+    return {"0" * len(schedule): "all-small", "1" * len(schedule): "all-mid"}.get(schedule, schedule)
+
+
+def budget_policy(params: Params, pair_id: str) -> str | None:
+    """The policy name of the budget stage's fixed schedule for ``pair_id`` (None: it has none)."""
+    chosen = pair_schedule(params, pair_id)
+    return None if chosen is None else policy_name_of(chosen)
+
+
 def target_groups(params: Params, cells: Sequence[Cell]) -> list[list[Cell]]:
     """Cells grouped by (target checkpoint, dtype, device, dataset), groups in first-cell order."""
     groups: dict[tuple, list[Cell]] = {}
