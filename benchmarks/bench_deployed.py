@@ -109,7 +109,7 @@ def table(rows: list[dict], priced: dict) -> str:
         lossless = c.get("lossless", {}).get("deployed", {})
         body.append([c["dataset"], f"{c['prompts']} x {c['runs']}", *(_x(s[n]) for n in names),
                      *(_x(s[f"deployed vs {label}"]) for label, _ in GAINS),
-                     f"{priced.get(c['dataset'], float('nan')):.2f}x",
+                     f"{priced[c['dataset']]:.2f}x" if c["dataset"] in priced else "-",
                      f"{lossless['identical']} identical, {lossless['near_ties']} near-ties, "
                      f"{lossless['real_mismatches']} real" if lossless else "-"])  # fmt: skip
     return tabulate(body, head, tablefmt="github", disable_numparse=True)
