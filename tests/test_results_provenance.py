@@ -20,7 +20,7 @@ from results_artifacts import write_artifacts
 
 import pipeline.provenance as provenance_mod
 import pipeline.readme as readme_mod
-from collectors.evaluation.ledger import GROUPS, LedgerRow, read_ledger
+from collectors.evaluation.ledger import GROUPS, Figure, LedgerRow, read_ledger
 from config.params import ROOT, Params, load_params
 from pipeline.cli import stage_params
 from pipeline.provenance import code_digest, commit_code_digest
@@ -96,6 +96,14 @@ def pages(repo: Path) -> list[bytes]:
     return [p.read_bytes() if p.is_file() else b"" for p in paths]
 
 
+def shown(figure: Figure) -> str:
+    """A gain as README's table shows it: +9.4%, with its [low, high] where the run has one."""
+    point = f"{figure.value - 1:+.1%}"
+    if figure.lo is None or figure.hi is None:
+        return point
+    return f"{point} [{figure.lo - 1:+.1%}, {figure.hi - 1:+.1%}]"
+
+
 def named_everywhere(root: Path) -> LedgerRow:
     """The ledger's newest row, checked to name the commit and dvc.lock that README's results block and
     docs/results.md's header name, with the figures README's table shows."""
@@ -111,9 +119,9 @@ def named_everywhere(root: Path) -> LedgerRow:
         name = group.replace("-", "_") + "_gain"
         if f"{name}_mean" in f:
             cell = f"| {group.replace('_', ' ')} (" + block.split(f"| {group.replace('_', ' ')} (", 1)[1]
-            assert f"mean {f[f'{name}_mean'].value - 1:+.1%}, " in cell.splitlines()[0]
+            assert f"mean {shown(f[f'{name}_mean'])}, " in cell.splitlines()[0]
             if f"{name}_worst" in f:
-                assert f"worst {f[f'{name}_worst'].value - 1:+.1%}" in cell.splitlines()[0]
+                assert f"worst {shown(f[f'{name}_worst'])}" in cell.splitlines()[0]
     if "pricing_within" in f:
         assert f"on {f['pricing_within'].value:.0f} of {f['pricing_rows'].value:.0f}" in block
     assert f"full GRAFT {f['graft_priced_speedup'].value:.2f}x over" in block
