@@ -27,9 +27,8 @@ import numpy as np
 import torch
 from tabulate import tabulate
 
-from collectors.collect.forest import MidForest
 from collectors.collect.plan import load_registered_pair, pair_tree, profile_for, report_prompts
-from collectors.collect.replay import Replayer, ReplayInputs
+from collectors.collect.replay import Replayer
 from collectors.collect.replay_check import Fp32Judge, ReplayCheck, check_prompt
 from collectors.collect.report import ReportSpec
 from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
@@ -42,13 +41,7 @@ def timed_replay(rep: Replayer, prompt: list[int], text: list[int], limit: int) 
     """Seconds of one all-schedules replay of a prompt whose continuation is known: the mid
     drafter's KV of the text (batched: its forest), the target's rows, every schedule's rounds."""
     t0 = time.perf_counter()
-    mid = rep.pair.mid
-    if rep.batch_rows and mid is not None:
-        forest = MidForest(mid, rep.pair.vocab_size, text, len(prompt), rep.batch_rows)
-        inputs = ReplayInputs(list(prompt), text, limit, None, forest)
-    else:
-        inputs = ReplayInputs(list(prompt), text, limit, rep.mid_kv_of(text) if mid is not None else None)
-    rep.replay_prompt(prompt, inputs)
+    rep.replay_prompt(prompt, rep.inputs_of(prompt, text, limit))
     return time.perf_counter() - t0
 
 

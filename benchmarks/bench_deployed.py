@@ -6,7 +6,8 @@ and these methods in lockstep (one round of each in turn, decoder.measure.run_lo
 times, every output checked against AR's (decoder.check_lossless: in bf16 each divergence judged
 by the fp32 target as a near-tie or a real mismatch):
 - all-small, all-mid: the endpoints, at the bundle's tree;
-- budget: the budget stage's fixed schedule for the pair (budgets.json ``decode_policy``);
+- budget: the budget stage's fixed schedule for the pair (budgets.json ``decode_policy``, AR where
+  it chose none);
 - best-fixed: per dataset, the best fixed schedule in hindsight on these very prompts (evaluate's
   ``best-fixed`` row: hindsight no deployment can have);
 - adaptive: the online adaptive rule at the thresholds the pair check chose (the bundle's);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +34,11 @@ from tabulate import tabulate
 from collectors.collect.plan import load_registered_pair
 from collectors.evaluation.bootstrap import paired_interval, ratio_of_sums
 from collectors.evaluation.priced_tasks import cell_inputs
-from collectors.pricing.budget_file import budgets_path
+from collectors.pricing.budget_file import pair_schedule
 from config.params import Params, load_params, resolve
 from decoder.check_lossless import check_outputs, fp32_judge
 from decoder.core.policies import AR
-from decoder.deploy.deployment import load_deployment
+from decoder.deploy.deployment import Deployment, load_deployment
 from decoder.measure import Method, Repeats, run_side_by_side
 from decoder.models.memory import configure_process
 
@@ -44,11 +46,29 @@ ENDPOINTS = ("all-small", "all-mid")
 GAINS = (("better endpoint", None), ("budget", "budget"), ("adaptive", "adaptive"))
 
 
-def methods_for(params: Params, pair_id: str, dataset: str, results: list[dict]) -> list[Method]:
-    """The methods of one dataset's cell (module docstring)."""
+@dataclass(frozen=True)
+class PairBench:
+    """What every dataset's cell of one pair shares, loaded once: the pair, its bundle, the budget
+    stage's schedule (AR where it chose none) and the fp32 judge of its outputs."""
+
+    pair: object
+    pair_id: str
+    bundle: Deployment
+    budget: str
+    judge: object
+
+
+def pair_bench(params: Params, pair_id: str) -> PairBench:
+    pair = load_registered_pair(params, pair_id)
     bundle = load_deployment(resolve(params.deploy.out_dir), pair_id)
-    budget = json.loads(budgets_path(params).read_text())[pair_id]["decode_policy"]
-    cell = [r for r in results if r["pair_id"] == pair_id and r["dataset_id"] == dataset]
+    budget = pair_schedule(params, pair_id) or AR
+    return PairBench(pair, pair_id, bundle, budget, fp32_judge(pair.target))
+
+
+def methods_for(bench: PairBench, dataset: str, results: list[dict]) -> list[Method]:
+    """The methods of one dataset's cell (module docstring)."""
+    bundle, budget = bench.bundle, bench.budget
+    cell = [r for r in results if r["pair_id"] == bench.pair_id and r["dataset_id"] == dataset]
     best = next(r["schedule"] for r in cell if r["method"] == "best-fixed")
     return [Method("all-small", "all-small"), Method("all-mid", "all-mid"), Method("budget", budget),
             Method("best-fixed", best), Method("adaptive", bundle.adaptive.name),
@@ -60,18 +80,19 @@ def decode_seconds(runs: list) -> np.ndarray:
     return np.asarray([sum(r.wall_s - r.prefill_s for r in prompt_runs) for prompt_runs in runs])
 
 
-def bench_cell(params: Params, pair, pair_id: str, dataset: str, results: list[dict], runs: int) -> dict:
-    _, prompts, _, runtimes = cell_inputs(params, pair_id, dataset, pair, params.evaluate.prompts_per_cell)
-    bundle = load_deployment(resolve(params.deploy.out_dir), pair_id)
-    methods = methods_for(params, pair_id, dataset, results)
+def bench_cell(params: Params, bench: PairBench, dataset: str, results: list[dict], runs: int) -> dict:
+    pair = bench.pair
+    n = params.evaluate.prompts_per_cell
+    _, prompts, _, runtimes = cell_inputs(params, bench.pair_id, dataset, pair, n)
+    methods = methods_for(bench, dataset, results)
     every: dict[str, list] = {}
-    out = run_side_by_side(pair, prompts, methods, bundle.config, runtimes, timing=False,
+    out = run_side_by_side(pair, prompts, methods, bench.bundle.config, runtimes, timing=False,
                            repeats=Repeats(1e9, runs), every_run=every, lockstep=True)  # fmt: skip
-    judge = fp32_judge(pair.target)
     refs = [r.new_tokens for r in out[AR]]
     lossless = {}
     for m in methods:
-        rep = check_outputs(judge, prompts, refs, [r.new_tokens for r in out[m.name]], pair.target.dtype)
+        outputs = [r.new_tokens for r in out[m.name]]
+        rep = check_outputs(bench.judge, prompts, refs, outputs, pair.target.dtype)
         lossless[m.name] = {"identical": sum(c.identical for c in rep.checks), "near_ties": rep.n_near_ties,
                             "real_mismatches": rep.n_real_mismatches}  # fmt: skip
     seconds = {name: decode_seconds(r).tolist() for name, r in every.items()}
@@ -126,10 +147,10 @@ def main() -> None:
     params = load_params(profile=args.profile)
     configure_process(params.runtime.torch_threads, params.runtime.keep_freed_memory)
     results = json.loads((resolve(params.evaluate.out_dir) / "results.json").read_text())["main"]
-    pair = load_registered_pair(params, args.pair)
+    bench = pair_bench(params, args.pair)
     cells = []
     for dataset in args.datasets or params.evaluate.datasets:
-        cell = bench_cell(params, pair, args.pair, dataset, results, args.runs)
+        cell = bench_cell(params, bench, dataset, results, args.runs)
         cell["speedups"] = speedups([cell])
         cells.append(cell)
         print(f"{dataset}: deployed {_x(cell['speedups']['deployed'])} over AR", flush=True)

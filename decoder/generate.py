@@ -103,8 +103,10 @@ def generate_steps(
         raise ValueError(f"an edge scorer serves the 'ddtree' policy only, not {policy!r}")
     if uses_mid(parsed) and pair.mid is None:
         raise ValueError(f"policy {policy!r} calls the mid drafter but the pair has none")
-    if is_adaptive(parsed):  # a fresh rule per request, priced by the models' parameter ratio
-        parsed = adaptive_for(str(parsed), parameter_ratio(pair.mid, pair.target))
+    if is_adaptive(parsed):  # a fresh rule per request; its costs from the runtime context, else
+        # from the models' parameter ratio (a walk over every weight: only where it is read)
+        ratio = parameter_ratio(pair.mid, pair.target) if runtime is None else None
+        parsed = adaptive_for(str(parsed), ratio)
     check_prompt(pair, prompt, config, parsed)
     if parsed == AR:
         return (yield from _autoregressive_steps(pair, prompt, config))

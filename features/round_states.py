@@ -140,7 +140,9 @@ def round_states(rounds: pa.Table, context: pl.DataFrame, depth: int) -> pl.Data
     if missing.height:
         raise ValueError(f"rounds: report(s) {missing['report_id'].to_list()[:3]} have no canonical states")
     n_sig = len(RECORDED_NAMES)  # per step: the candidate signals, then the lookahead
-    valued = _with_values(frame.join(_schedules(depth), on="schedule_id"))
+    frame = frame.join(_schedules(depth), on="schedule_id")
+    costs = _schedule_costs(frame)
+    valued = _with_values(frame, costs)
     steps = (
         valued.with_columns(step=pl.lit(list(range(1, depth + 1)), pl.List(pl.Int64)))
         .explode("step")
@@ -160,7 +162,7 @@ def round_states(rounds: pa.Table, context: pl.DataFrame, depth: int) -> pl.Data
     margin = pl.col("invoke_tok_per_s") - pl.col("skip_tok_per_s")
     suffix = pl.col("suffix_invoke") - pl.col("suffix_skip")
     out = (
-        _with_suffix_values(states, valued, depth)
+        _with_suffix_values(states, valued, costs, depth)
         .join(context, on="report_id", how="left")
         .join(_history(states, depth), on=["step", "prefix", "mid_lag"], how="left")
         .join(_log_prompt(states), on="prompt_tokens", how="left")
@@ -176,7 +178,14 @@ def round_states(rounds: pa.Table, context: pl.DataFrame, depth: int) -> pl.Data
     return out.select(round_state_names(depth))
 
 
-def _with_values(frame: pl.DataFrame) -> pl.DataFrame:
+def _schedule_costs(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per (report, schedule) its ms per token summed over the report's starts (``cost``): which
+    fixed schedule serves the report best."""
+    per_token = pl.col("round_latency_ms") / (pl.col("accepted").cast(pl.Float64) + 1)
+    return frame.group_by("report_id", "schedule").agg(per_token.sum().alias("cost"))
+
+
+def _with_values(frame: pl.DataFrame, cost: pl.DataFrame) -> pl.DataFrame:
     """``frame`` (round-table rows with their ``schedule`` strings) plus ``value``, the round's value
     for the margins: 1e3 (accepted + 1) / its priced ms, where in a report whose best fixed schedule
     calls the mid drafter the ms leave out the lag's catch-up (``catch_up_ms``).
@@ -191,7 +200,6 @@ def _with_values(frame: pl.DataFrame) -> pl.DataFrame:
     prompt, while the fixed 10000 priced 1.29x faster). Where the best fixed schedule is All-Small
     the catch-up is paid only by calling, and stays charged. The walks price the table as it is."""
     ms, accepted = pl.col("round_latency_ms"), pl.col("accepted").cast(pl.Float64) + 1
-    cost = frame.group_by("report_id", "schedule").agg((ms / accepted).sum().alias("cost"))
     calls = (
         cost.sort("cost", "schedule")
         .group_by("report_id", maintain_order=True)
@@ -201,14 +209,13 @@ def _with_values(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.join(calls, on="report_id").with_columns((1e3 * accepted / paid).alias("value"))
 
 
-def _with_suffix_values(states: pl.DataFrame, values: pl.DataFrame, depth: int) -> pl.DataFrame:
+def _with_suffix_values(
+    states: pl.DataFrame, values: pl.DataFrame, cost: pl.DataFrame, depth: int
+) -> pl.DataFrame:
     """``states`` plus ``suffix_invoke`` / ``suffix_skip``: the start's round value of prefix + '1'
     (+ '0') + the report's best suffix after it. ``values``: per (start, schedule) the round value,
-    priced ms and accepted tokens. A suffix's merit: its schedule's ms per token summed over the
-    report's starts (ties: the smaller schedule string, so fewer mid calls)."""
-    cost = values.group_by("report_id", "schedule").agg(
-        (pl.col("round_latency_ms") / (pl.col("accepted").cast(pl.Float64) + 1)).sum().alias("cost")
-    )
+    priced ms and accepted tokens; ``cost``: :func:`_schedule_costs`. A suffix's merit: its
+    schedule's cost (ties: the smaller schedule string, so fewer mid calls)."""
     best = pl.concat(
         cost.with_columns(head=pl.col("schedule").str.slice(0, k))
         .sort("cost", "schedule")

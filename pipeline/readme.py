@@ -113,15 +113,20 @@ def results_page(body: str, prov: Provenance, rows: list[LedgerRow]) -> str:
     return f"# Results\n\n{provenance_line(prov)}\n\n{ledger}\n\n{body}\n"
 
 
-def headline_section(params: Params, prov: Provenance) -> str:
+def headline_metrics(params: Params) -> tuple[dict, dict, dict]:
+    """The metrics.json of evaluate, evaluate_graft and wall_check: what the headline and the
+    ledger row read."""
+    outs = (params.evaluate.out_dir, params.graft_eval.out_dir, params.wall_check.out_dir)
+    ev, graft, wall = (json.loads(_read(resolve(out) / "metrics.json")) for out in outs)
+    return ev, graft, wall
+
+
+def headline_section(metrics: tuple[dict, dict, dict], prov: Provenance) -> str:
     """What goes between the README's markers: the headline table and where it came from."""
-    ev = json.loads(_read(resolve(params.evaluate.out_dir) / "metrics.json"))
-    graft = json.loads(_read(resolve(params.graft_eval.out_dir) / "metrics.json"))
-    wall = json.loads(_read(resolve(params.wall_check.out_dir) / "metrics.json"))
     return "\n\n".join(
         [
             START,
-            headline_table(ev, graft, wall),
+            headline_table(*metrics),
             f"Run of {prov.date}, commit `{prov.commit[:12]}`, dvc.lock sha256 `{prov.lock_sha256[:12]}`; "
             f"every table of that run and the ledger of runs are in [{RESULTS_PAGE}]({RESULTS_PAGE}).",
             END,
@@ -129,12 +134,9 @@ def headline_section(params: Params, prov: Provenance) -> str:
     )
 
 
-def ledger_row(params: Params, prov: Provenance) -> LedgerRow:
+def ledger_row(metrics: tuple[dict, dict, dict], prov: Provenance) -> LedgerRow:
     """The run's row of the ledger, from the metrics the headline table reads."""
-    figures = figures_of(
-        *(json.loads(_read(resolve(out) / "metrics.json"))
-          for out in (params.evaluate.out_dir, params.graft_eval.out_dir, params.wall_check.out_dir))
-    )  # fmt: skip
+    figures = figures_of(*metrics)
     return LedgerRow(prov.date, prov.commit, prov.lock_sha256, prov.run_id, "make results", figures)
 
 
@@ -270,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     root = resolve(".")
     try:
         prov = provenance_of(params, root)
-        body, headline = results_section(params), headline_section(params, prov)
-        write_results(root, body, headline, prov, ledger_row(params, prov))
+        metrics = headline_metrics(params)
+        body, headline = results_section(params), headline_section(metrics, prov)
+        write_results(root, body, headline, prov, ledger_row(metrics, prov))
     except (ProvenanceError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

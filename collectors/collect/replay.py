@@ -178,7 +178,11 @@ class Replayer:
         """The continuation g, its stop and the mid drafter's KV (batched: its forest): computed
         once, shared by replays."""
         g, limit = self.continuation(prompt)
-        text = prompt + g
+        return self.inputs_of(prompt, prompt + g, limit)
+
+    def inputs_of(self, prompt: list[int], text: list[int], limit: int) -> ReplayInputs:
+        """:meth:`inputs` for a known text (prompt + continuation) and stop: the mid drafter's KV of
+        the text, or (batched) its forest."""
         mid = self.pair.mid
         if self.batch_rows and mid is not None:
             forest = MidForest(mid, self.pair.vocab_size, text, len(prompt), self.batch_rows)

@@ -179,7 +179,6 @@ def _round_rows(
         lag, seen = rep.start_lags[start], rep.start_blocks[start]
         counts = [_counts(o, depth, lag, seen) for o in outcomes]
         ms = [price_round(profile, c) for c in counts]
-        caught_up = [price_round(profile, _counts(o, depth, 0, seen)) for o in outcomes]
         tps = [1e3 * (o.accepted + 1) / t for o, t in zip(outcomes, ms, strict=True)]
         best = max(range(len(outcomes)), key=lambda s: (tps[s], -s))
         for s, o in enumerate(outcomes):
@@ -197,7 +196,7 @@ def _round_rows(
                     "n_small_steps": depth - len(o.mid_tree_tokens),
                     "prompt_blocks": counts[s].prompt_blocks,
                     "round_latency_ms": ms[s],
-                    "catch_up_ms": max(0.0, ms[s] - caught_up[s]) if o.mid_tree_tokens and lag else 0.0,
+                    "catch_up_ms": _catch_up_ms(profile, o, depth, lag, seen, ms[s]),
                     "decision_ms": profile.decision_ms,
                     "decision_cold_ms": profile.decision_cold_ms,
                     "throughput_tok_per_s": tps[s],
@@ -206,6 +205,16 @@ def _round_rows(
                 }
             )
     return rows
+
+
+def _catch_up_ms(
+    profile: LatencyProfile, o: BranchOutcome, depth: int, lag: int, seen: frozenset[int], ms: float
+) -> float:
+    """What forwarding the lag in the round's first mid call adds to its price ``ms`` (0 for a round
+    that calls no mid drafter or arrives caught up)."""
+    if not (o.mid_tree_tokens and lag):
+        return 0.0
+    return max(0.0, ms - price_round(profile, _counts(o, depth, 0, seen)))
 
 
 def _counts(o: BranchOutcome, depth: int, lag: int, seen: frozenset[int]) -> RoundCounts:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from tabulate import tabulate
 
 from collectors.evaluation.eval_report import metric_prefix
+from collectors.evaluation.results_text import gain_text
 
 GROUPS = ("fitting", "held-out_pair", "held-out_pair_and_task", "held-out_task")  # evaluate's groups
 FIGURES = (
@@ -163,8 +164,7 @@ def write_ledger(rows: Sequence[LedgerRow]) -> str:
 def _gain(fig: Figure | None) -> str:
     if fig is None:
         return "n/a"
-    interval = "" if fig.lo is None or fig.hi is None else f" [{fig.lo - 1:+.1%}, {fig.hi - 1:+.1%}]"
-    return f"{fig.value - 1:+.1%}{interval}"
+    return gain_text(fig.value if fig.lo is None or fig.hi is None else (fig.value, fig.lo, fig.hi))
 
 
 def _speedup(fig: Figure | None) -> str:

@@ -12,7 +12,7 @@ from collectors.evaluation.eval_report import metric_prefix
 from collectors.evaluation.wall_agreement import AGREEMENT
 
 
-def _pct(v) -> str:
+def gain_text(v) -> str:
     """A gain as +x.x%, with its 95% interval where it is [point, low, high]."""
     if isinstance(v, list | tuple):
         return f"{v[0] - 1:+.1%} [{v[1] - 1:+.1%}, {v[2] - 1:+.1%}]"
@@ -23,8 +23,8 @@ def _gain_words(stats: dict, spread: dict | None = None) -> str:
     """The deployed row's mean and worst gain, with the intervals of the headline (evaluate's
     ``headline``: under every profile pass and resampled prompts) where the run has them."""
     if spread:
-        return f"mean {_pct(spread['mean'])}, worst {_pct(spread['worst'])}"
-    return f"mean {_pct(stats['student_gain_mean'])}, worst {_pct(stats['student_gain_worst'])}"
+        return f"mean {gain_text(spread['mean'])}, worst {gain_text(spread['worst'])}"
+    return f"mean {gain_text(stats['student_gain_mean'])}, worst {gain_text(stats['student_gain_worst'])}"
 
 
 def headline_table(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict | None = None) -> str:
@@ -52,7 +52,7 @@ def headline_table(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict | N
                 f"{group.replace('_', ' ')} ({stats['n_cells']})",
                 _gain_words(stats, spread),
                 "n/a" if best is None else f"{best:.0%}",
-                "n/a" if over is None else _pct(over),
+                "n/a" if over is None else gain_text(over),
             ]
         )
     if not body:
@@ -73,7 +73,7 @@ def headline_table(ev_metrics: dict, graft_metrics: dict, wall_metrics: dict | N
     walls = graft_metrics.get("mean_wall_speedup", {})
     wall_full = f", {walls['full']:.2f}x wall clock" if "full" in walls else ""
     vs = graft_metrics.get("graft_vs_hindsight")
-    against = f"; full GRAFT vs that best B {_pct(vs)}" if vs else ""
+    against = f"; full GRAFT vs that best B {gain_text(vs)}" if vs else ""
     body.append(
         [
             f"GRAFT, block drafters ({graft_metrics['n_cells']})",

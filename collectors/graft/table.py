@@ -51,17 +51,18 @@ def row_stats(
     rounds = [r for p in prompts for r in p]
     if not rounds:
         raise ValueError("a table row needs at least one round")
+    priced = [[price(r) for r in p] for p in prompts]
     tokens = sum(r.emitted for r in rounds)
     carrying = sum(r.target_nodes for r in rounds)
     return RowStats(
         budget=budget,
-        speedup=tokens * ar_token_ms / sum(price(r) for r in rounds),
+        speedup=tokens * ar_token_ms / sum(ms for p in priced for ms in p),
         mean_accepted=sum(r.accepted for r in rounds) / len(rounds),
         mismatch_rate=sum(r.mismatched for r in rounds) / carrying if carrying else 0.0,
         tree_size=sum(r.nodes for r in rounds) / len(rounds),
         rounds=len(rounds),
         tokens=tokens,
-        prompt_ms=tuple(sum(price(r) for r in p) for p in prompts),
+        prompt_ms=tuple(sum(p) for p in priced),
     )
 
 

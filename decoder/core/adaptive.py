@@ -138,9 +138,13 @@ def parameter_ratio(mid: torch.nn.Module, target: torch.nn.Module) -> float:
     return sum(p.numel() for p in mid.parameters()) / max(1, sum(p.numel() for p in target.parameters()))
 
 
-def adaptive_for(text: str, mid_over_target: float) -> AdaptiveTiers:
-    """The scheduler a policy string 'adaptive[:MARGIN:PROBE]' names (:func:`parse_adaptive`)."""
-    return AdaptiveTiers(parse_adaptive(text), mid_over_target)
+def adaptive_for(text: str, mid_over_target: float | None = None) -> AdaptiveTiers:
+    """The scheduler a policy string 'adaptive[:MARGIN:PROBE]' names (:func:`parse_adaptive`);
+    ``mid_over_target`` None: its default, for a decode whose runtime context gives the costs."""
+    thresholds = parse_adaptive(text)
+    if mid_over_target is None:
+        return AdaptiveTiers(thresholds)
+    return AdaptiveTiers(thresholds, mid_over_target)
 
 
 def parse_adaptive(text: str) -> AdaptiveThresholds:

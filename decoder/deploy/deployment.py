@@ -35,12 +35,11 @@ from decoder.core.policies import RuntimeContext, parse_policy, uses_mid
 from decoder.deploy.artifact import Artifact, ManifestError, artifact_from_bytes, read_artifact
 from decoder.deploy.bundle import DeploymentError, PairFolder, parse_json, verified_folder
 from decoder.deploy.latency import LatencyProfile, profile_from_bytes
-from decoder.deploy.record import FALLBACKS, DeploymentRecord, parse_record, variant_name
+from decoder.deploy.record import DeploymentRecord, parse_record, variant_name
 from decoder.deploy.runtime_costs import RuntimeCosts
 from decoder.deploy.scheduler import LearnedScheduler, check_features, scheduler_from
 
 __all__ = [
-    "FALLBACKS",
     "Deployment",
     "DeploymentError",
     "load_deployment",
