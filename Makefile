@@ -70,11 +70,16 @@ bench: $(STAMP)
 # One MLflow parent run per `make repro`: its id reaches every stage's process through
 # TREEGRAFT_PIPELINE_RUN (tracking only, no output depends on it); `end` closes it (FAILED if dvc
 # failed) or removes it when every stage was up to date.
-repro: $(STAMP)
-	@run=$$($(PY) -m pipeline.tracking start) || exit 1; \
+# $(1): pipeline.tracking's options (an overlay), $(2): the dvc command run under the parent.
+define pipeline_run
+@run=$$($(PY) -m pipeline.tracking $(1) start) || exit 1; \
 	echo "MLflow pipeline run $$run"; \
-	PATH="$(abspath $(VENV))/bin:$$PATH" HF_HUB_OFFLINE=1 TREEGRAFT_PIPELINE_RUN=$$run $(VENV)/bin/dvc repro; \
-	rc=$$?; $(PY) -m pipeline.tracking end $$run $$rc; exit $$rc
+	PATH="$(abspath $(VENV))/bin:$$PATH" HF_HUB_OFFLINE=1 TREEGRAFT_PIPELINE_RUN=$$run $(VENV)/bin/dvc $(2); \
+	rc=$$?; $(PY) -m pipeline.tracking $(1) end $$run $$rc; exit $$rc
+endef
+
+repro: $(STAMP)
+	$(call pipeline_run,,repro)
 
 # Per request, never meaningfully slower than AR: AR and the budget stage's policy decoded
 # alternately per held-back prompt (fp32 and bf16), with the per-request switch-off.
@@ -95,11 +100,7 @@ REAL := qwen2.5-coder-1.5b-0.5b
 real-pair: $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,ray,real-pair]"
 	HF_HUB_OFFLINE=1 $(PY) -m models.real_pair
-	@run=$$($(PY) -m pipeline.tracking --profile real-pair start) || exit 1; \
-	echo "MLflow pipeline run $$run"; \
-	PATH="$(abspath $(VENV))/bin:$$PATH" HF_HUB_OFFLINE=1 TREEGRAFT_PIPELINE_RUN=$$run \
-		$(VENV)/bin/dvc exp run -S overlay=real-pair; \
-	rc=$$?; $(PY) -m pipeline.tracking --profile real-pair end $$run $$rc; exit $$rc
+	$(call pipeline_run,--profile real-pair,exp run -S overlay=real-pair)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_deployed.py --profile real-pair --pair $(REAL) \
 		--out artifacts/bench/deployed_real
 	$(PY) -m pipeline.real_pair_results
