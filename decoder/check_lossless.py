@@ -92,9 +92,14 @@ class LosslessReport:
         return sum(c.identical for c in self.checks) / len(self.checks) if self.checks else 1.0
 
     @property
+    def tokens_compared(self) -> int:
+        """token_agreement's denominator: per prompt, the longer of reference and output."""
+        return sum(max(c.n_reference, c.n_output) for c in self.checks)
+
+    @property
     def token_agreement(self) -> float:
         """Share of reference tokens reproduced before the first divergence."""
-        total = sum(max(c.n_reference, c.n_output) for c in self.checks)
+        total = self.tokens_compared
         return sum(c.agreed_prefix for c in self.checks) / total if total else 1.0
 
     @property
@@ -115,6 +120,7 @@ class LosslessReport:
             "prompts": len(self.checks),
             "sequence_agreement": self.sequence_agreement,
             "token_agreement": self.token_agreement,
+            "tokens_compared": self.tokens_compared,
             "near_ties": self.n_near_ties,
             "real_mismatches": self.n_real_mismatches,
         }

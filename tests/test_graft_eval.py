@@ -113,6 +113,14 @@ def priced_costs(verify_points: tuple, ar_ms: float = 10.0) -> GraftCosts:
                       ar_token_ms=ar_ms)  # fmt: skip
 
 
+def test_a_round_of_no_drafted_node_is_priced_as_the_ar_step() -> None:
+    """A budget of 0 runs as the autoregressive step (decoder/graft/decode.py), so its verify is the
+    AR step, which a budget rule's B = 0 entry prices too; a drafted node is verified as a tree."""
+    costs = priced_costs(((1, 4.0), (17, 20.0)), ar_ms=3.0)
+    assert costs.verify_ms(0) == 3.0 and costs.verify_ms(1) == pytest.approx(5.0)
+    assert costs.rule_costs(2, False)[:2] == (pytest.approx(3.0), pytest.approx(5.0))
+
+
 def test_the_learned_budget_follows_the_price_of_a_node(pair) -> None:
     """Free nodes: the smallest B reaching the most tokens per round; costly nodes: B = 1; and the
     chosen B has the best pooled speedup of the grid."""

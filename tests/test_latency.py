@@ -301,6 +301,21 @@ def test_price_round_arithmetic() -> None:
         RoundCounts(10, (), 5, 5, tree_nodes=9)  # the tree holds at least what was verified
 
 
+def test_a_round_that_verifies_the_root_alone_is_priced_as_an_ar_step() -> None:
+    """The decoder runs a round left with no drafted node as one autoregressive step (DRAFTLESS), so
+    its verify part is the AR step (3 ms here), not a one-node tree verify (2.5 ms); its drafting
+    and tree work are priced as any round's. A round that verifies a drafted node is unchanged."""
+    prof = linear_profile(ar_token_ms=3.0)
+    draftless = RoundCounts(1, (), 5, 0, tree_nodes=1, small_frontier=0)
+    parts = round_parts(prof, draftless)
+    assert prof.round_verify_ms(1) == 3.0 and prof.verify_ms(1) == pytest.approx(2.5)
+    assert parts["verify"] == pytest.approx(3.0)
+    assert parts["ngram"] == pytest.approx(5 * 0.1) and parts["tree"] == pytest.approx(0.3 + 0.002)
+    assert prof.round_verify_ms(2) == prof.verify_ms(2) == pytest.approx(3.0)
+    assert round_parts(prof, RoundCounts(2, (), 5, 0))["verify"] == pytest.approx(3.0)
+    assert round_parts(linear_profile(ar_token_ms=0.7), draftless)["verify"] == pytest.approx(0.7)
+
+
 def test_cold_terms_are_charged_once_per_round_that_pays_them() -> None:
     """A round pays each cold-cache term once, whatever the number of calls or decisions, and only
     when it runs the work that follows the other model: a mid forward (mid and verify terms), a

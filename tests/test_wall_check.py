@@ -193,7 +193,8 @@ def test_a_pair_decodes_more_prompts_until_every_row_is_resolved(monkeypatch):
         calls.append([p[0] for p in prompts])
         res = [SimpleNamespace(wall_s=2.0, prefill_s=0.5) for _ in prompts]
         summary = {"dtype": "float32", "prompts": len(prompts), "sequence_agreement": 1.0,
-                   "token_agreement": 1.0, "near_ties": 1, "real_mismatches": 0}  # fmt: skip
+                   "token_agreement": 1.0, "tokens_compared": 8 * len(prompts), "near_ties": 1,
+                   "real_mismatches": 0}  # fmt: skip
         return SimpleNamespace(results={AR: res, "m": res}, answers={AR: [{}] * len(prompts)},
                                lossless={AR: summary, "m": summary})  # fmt: skip
 
@@ -233,3 +234,17 @@ def test_a_pair_decodes_more_prompts_until_every_row_is_resolved(monkeypatch):
         assert calls == [list(range(8 * b, 8 * b + 8)) for b in range(batches)]
         assert got.rows[0]["n_prompts"] == 8 * batches and len(got.answers[(AR, "d")]) == 8 * batches
         assert got.lossless["m"]["prompts"] == 8 * batches and got.lossless["m"]["near_ties"] == batches
+
+
+def test_merged_lossless_weights_token_agreement_by_tokens_compared():
+    """Two batches: 1 prompt of 100 tokens agreeing on 50, then 3 prompts of 10 tokens agreeing on
+    all. Over the tokens, 80 of 130 agree (0.615); weighting each batch's share by its prompts would
+    give (0.5 + 3 * 1.0) / 4 = 0.875. Sequence agreement stays a share of prompts."""
+    first = {"dtype": "float32", "prompts": 1, "sequence_agreement": 0.0, "token_agreement": 0.5,
+             "tokens_compared": 100, "near_ties": 0, "real_mismatches": 1}  # fmt: skip
+    second = {**first, "prompts": 3, "sequence_agreement": 1.0, "token_agreement": 1.0,
+              "tokens_compared": 30, "real_mismatches": 0}  # fmt: skip
+    merged = wall_decode.merge_lossless({"m": [first, second]})["m"]
+    assert merged["token_agreement"] == pytest.approx(80 / 130)
+    assert merged["sequence_agreement"] == pytest.approx(0.75)
+    assert merged["prompts"] == 4 and merged["tokens_compared"] == 130 and merged["real_mismatches"] == 1

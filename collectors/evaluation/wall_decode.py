@@ -142,13 +142,15 @@ def check_pair(
 
 
 def merge_lossless(parts: Mapping[str, Sequence[dict]]) -> dict[str, dict]:
-    """Per method, its LosslessReport summaries of several batches of prompts as one."""
+    """Per method, its LosslessReport summaries of several batches of prompts as one: sequence
+    agreement weighted by prompts, token agreement by the tokens each batch compared."""
     out = {}
     for name, summaries in parts.items():
-        n = sum(s["prompts"] for s in summaries)
+        n, t = sum(s["prompts"] for s in summaries), sum(s["tokens_compared"] for s in summaries)
         agreement = sum(s["sequence_agreement"] * s["prompts"] for s in summaries) / n if n else 1.0
-        tokens = sum(s["token_agreement"] * s["prompts"] for s in summaries) / n if n else 1.0
+        tokens = sum(s["token_agreement"] * s["tokens_compared"] for s in summaries) / t if t else 1.0
         out[name] = {**summaries[0], "prompts": n, "sequence_agreement": agreement, "token_agreement": tokens,
+                     "tokens_compared": t,
                      "near_ties": sum(s["near_ties"] for s in summaries),
                      "real_mismatches": sum(s["real_mismatches"] for s in summaries)}  # fmt: skip
     return out

@@ -55,8 +55,9 @@ class GraftCosts:
         return interpolate(self.tdes_build_points if tdes else self.build_points, n_nodes)
 
     def verify_ms(self, n_nodes: int) -> float:
-        """Verification of n_nodes drafted nodes plus the root."""
-        return interpolate(self.verify_points, n_nodes + 1)
+        """Verification of n_nodes drafted nodes plus the root; none drafted (a budget of 0) runs as
+        the autoregressive step (decoder/graft/decode.py)."""
+        return self.ar_token_ms if n_nodes == 0 else interpolate(self.verify_points, n_nodes + 1)
 
     def round_ms(self, n_nodes: int, tdes: bool, saba: bool) -> float:
         """The priced ms of one round verifying n_nodes drafted nodes (module docstring)."""
@@ -130,7 +131,7 @@ def measure_costs(
 
     big = build_ddtree(root, ids, logps, b_max, pair.vocab_size)
     rule = BlockBudgetRule(
-        (1.0,) * len(NODE_FEATURES), 0.0, tuple(profile.verify_ms(b + 1) for b in range(b_max + 1)), 0.1
+        (1.0,) * len(NODE_FEATURES), 0.0, tuple(profile.round_verify_ms(b + 1) for b in range(b_max + 1)), 0.1
     )
 
     def tdes_build(n: int) -> object:

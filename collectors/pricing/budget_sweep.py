@@ -147,8 +147,10 @@ def saba_line(profile: LatencyProfile, samples: list[Sample], budgets: list[int]
     """(c_verify, c_fixed) of SABA's line through mean drafting + tree work of the rounds (under the
     largest budget) plus the profile's verify(B + 1), B over ``budgets``."""
     full = [round_counts(o, budgets[-1]) for o, _ in samples]
-    draft_ms = float(np.mean([price_round(profile, c) - profile.verify_ms(c.verified_nodes) for c in full]))
-    return linear_cost(budgets, [draft_ms + profile.verify_ms(b + 1) for b in budgets])
+    draft_ms = float(
+        np.mean([price_round(profile, c) - profile.round_verify_ms(c.verified_nodes) for c in full])
+    )
+    return linear_cost(budgets, [draft_ms + profile.round_verify_ms(b + 1) for b in budgets])
 
 
 @dataclass(frozen=True)
@@ -228,10 +230,10 @@ def round_rules(
     cap (every start)."""
     rules = []
     for cap in caps:
-        verify = tuple(profile.verify_ms(b + 1) for b in range(cap + 1))
+        verify = tuple(profile.round_verify_ms(b + 1) for b in range(cap + 1))
         counts = [round_counts(o, cap) for o, _ in sweep.every]
         draft = float(
-            np.mean([price_round(profile, c) - profile.verify_ms(c.verified_nodes) for c in counts])
+            np.mean([price_round(profile, c) - profile.round_verify_ms(c.verified_nodes) for c in counts])
         )
         fitted = gain_scale(sweep, cap)
         rules += [RoundRule(cap, verify, fixed, fitted * m) for fixed in (0.0, draft) for m in multipliers]

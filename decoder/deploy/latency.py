@@ -17,6 +17,8 @@ Contract:
   and clock (on a one-thread CPU the thread's CPU time: the cost without other processes' waits).
 - Cost model of one round, each term priced as the decoder runs it online (`round_parts`):
     verify(verified nodes) + sum over mid calls of mid(new tokens, tree nodes already fed)
+      (a round that verifies the root alone ran as one autoregressive step: the AR step instead of
+      verify(1), `round_verify_ms`; on zoo-s verify(1) costs 0.69 ms, an AR step 0.48)
     + (mid end-of-round KV compaction, in rounds with a mid call)
     + small steps x n-gram step + decisions x decision (tree signals + features + MLP)
     + prompt blocks x prompt block: the blocks of the prompt's top-m rows the round's n-gram steps
@@ -188,6 +190,12 @@ class LatencyProfile:
             raise ValueError(f"a verified tree has at least the root, got n_nodes={n_nodes}")
         return interpolate(self.verify_points, n_nodes)
 
+    def round_verify_ms(self, n_nodes: int) -> float:
+        """A round's target forward over n_nodes tree nodes, the root included, as the decoder runs
+        it: a tree with no drafted node (n_nodes 1) runs as one autoregressive step (a DRAFTLESS
+        round, decoder.core.decode), any other as one tree verify."""
+        return self.ar_token_ms if n_nodes == 1 else self.verify_ms(n_nodes)
+
     def verify_cold_ms(self, counts: RoundCounts) -> float:
         """The verify's extra cost in a round whose last mid forward fed n tokens (0 without one)."""
         last = next((t for t in reversed(counts.mid_call_tokens) if t > 0), 0)
@@ -314,14 +322,15 @@ def counts_from_round(stats: RoundStats) -> RoundCounts:
 
 def round_parts(profile: LatencyProfile, counts: RoundCounts) -> dict[str, float]:
     """Modelled ms of one round, split the way the decoder's round clock (RoundStats.times) splits
-    it: each cold-cache term with the component it slows; MidDrafter.end_round and the n-gram
+    it: each cold-cache term with the component it slows; a round that verifies the root alone runs
+    as an autoregressive step (`round_verify_ms`); MidDrafter.end_round and the n-gram
     score-row update run after the verify and count in "tree" (the profile's tree(n) job times the
     score-row update too)."""
     mid_calls = zip(counts.mid_call_tokens, counts.mid_call_fed, strict=True)
     cold_mid = counts.mid_forwards
     cold_decision = profile.decision_cold_ms if counts.decisions else 0.0
     return {
-        "verify": profile.verify_ms(counts.verified_nodes) + profile.verify_cold_ms(counts),
+        "verify": profile.round_verify_ms(counts.verified_nodes) + profile.verify_cold_ms(counts),
         "mid": sum(profile.mid_ms(t, f) for t, f in mid_calls) + (profile.mid_cold_ms if cold_mid else 0.0),
         "ngram": profile.small_ms(counts.small_steps, counts.small_frontier)
         + counts.prompt_blocks * profile.prompt_block_ms,

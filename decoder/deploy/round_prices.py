@@ -1,10 +1,10 @@
 """A `decoder.deploy.switch_off.RoundPricer` over a measured LatencyProfile: what a decoded round cost.
 
-Contract: a verified round (TREE) is priced as decoder.deploy.latency prices it (`price_round` of its
-counts). A round that ran as one autoregressive step prices that step as the profile's AR step
-instead of a one-node verify: a DRAFTLESS round pays its drafting, tree work and scheduler
-decisions on top, an OFF round (speculation switched off) the AR step alone. A fixed schedule takes
-no decisions (as collectors.evaluation.cell prices it); `for_policy` sets that from the policy.
+Contract: a drafted round is priced as decoder.deploy.latency prices it (`price_round` of its
+counts; a DRAFTLESS round's autoregressive step as the profile's AR step, its drafting, tree
+work and scheduler decisions on top); an OFF round (speculation switched off) pays the AR step
+alone. A fixed schedule takes no decisions (as collectors.evaluation.cell prices it);
+`for_policy` sets that from the policy.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from decoder.core.policies import FixedSchedule
-from decoder.core.records import DRAFTLESS, OFF, RoundStats
+from decoder.core.records import OFF, RoundStats
 from decoder.deploy.latency import LatencyProfile, counts_from_round, round_parts
 
 
@@ -38,7 +38,5 @@ class ProfilePricer:
         if stats.mode == OFF:
             return self.profile.ar_token_ms
         counts = counts_from_round(stats)
-        parts = round_parts(self.profile, counts if self.decisions else replace(counts, decisions=0))
-        if stats.mode == DRAFTLESS:
-            parts["verify"] += self.profile.ar_token_ms - self.profile.verify_ms(1)
-        return sum(parts.values())
+        priced = counts if self.decisions else replace(counts, decisions=0)
+        return sum(round_parts(self.profile, priced).values())
