@@ -92,7 +92,7 @@ bench-regimes: repro
 # The real Qwen2.5-Coder 1.5B/0.5B pair trains, deploys and evaluates its own scheduler (opt-in, not
 # in CI): install the conversion extras, build the pair once (~1.4 GB of downloads, checked by
 # SHA-256), run the whole pipeline with its overlay through DVC (profiles/real-pair.yaml: bf16, 5
-# categories x 8 collect prompts, 6 x 3 held-back cells; about 30 min on 2 cores), then decode the
+# categories x 16 collect prompts, 6 x 3 held-back cells; about 30 min on 2 cores), then decode the
 # held-back prompts per dataset against every baseline in wall clock (benchmarks/bench_deployed.py)
 # and write docs/real-pair-results.md. `dvc exp run` keeps the experiment; `git checkout params.yaml
 # dvc.lock && dvc checkout` brings the default's outputs back.
